@@ -1,0 +1,489 @@
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// API groups and versions Meridian reads. HyperPod's group is accepted for
+// InferenceGatewayConfig so operators can bring their files unchanged.
+const (
+	MeridianV1Alpha1   = "meridian.dev/v1alpha1"
+	HyperPodV1Alpha1   = "inference.sagemaker.aws.amazon.com/v1alpha1"
+	GIEPoolV1          = "inference.networking.k8s.io/v1"
+	GIEXV1Alpha2       = "inference.networking.x-k8s.io/v1alpha2"
+	GIEEPPConfigV1Alp1 = "inference.networking.x-k8s.io/v1alpha1"
+	CoreV1             = "v1"
+
+	// BBRManagedLabel marks a ConfigMap as an adapter → base-model map for
+	// body-based routing.
+	BBRManagedLabel = "inference.networking.k8s.io/bbr-managed"
+)
+
+// Kinds of object a snapshot holds.
+const (
+	KindGateway         = "InferenceGatewayConfig"
+	KindEndpointPicker  = "EndpointPickerConfig"
+	KindConfigMap       = "ConfigMap"
+	KindInferencePool   = "InferencePool"
+	KindModelRewrite    = "InferenceModelRewrite"
+	KindTenant          = "Tenant"
+	KindTopology        = "Topology"
+	KindStaticEndpoints = "StaticEndpoints"
+)
+
+// Metadata is the subset of Kubernetes object metadata Meridian uses.
+type Metadata struct {
+	Name        string            `json:"name"`
+	Namespace   string            `json:"namespace,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("50ms", "1m").
+type Duration time.Duration
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string such as \"1m\" or \"500ms\"")
+	}
+	v, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("invalid duration %q: want a value such as \"1m\" or \"500ms\"", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// ---------------------------------------------------------------------------
+// InferenceGatewayConfig
+
+// Gateway is one cluster's Tier-1 configuration (kind InferenceGatewayConfig).
+type Gateway struct {
+	APIVersion string      `json:"apiVersion"`
+	Kind       string      `json:"kind"`
+	Metadata   Metadata    `json:"metadata"`
+	Spec       GatewaySpec `json:"spec"`
+}
+
+// GatewaySpec holds the schedulers of one cluster and how callers are
+// authenticated at the Tier-2 in front of it.
+type GatewaySpec struct {
+	// Region and Cluster name where this gateway runs; they must appear in
+	// the Topology when one is configured.
+	Region  string `json:"region,omitempty"`
+	Cluster string `json:"cluster,omitempty"`
+	// BBR turns body-based routing on: the adapter named in the body is
+	// mapped to its base model through the bbr-managed ConfigMaps.
+	// Required when there is more than one scheduler.
+	BBR  BBR  `json:"bbr,omitempty"`
+	Auth Auth `json:"auth,omitempty"`
+	// Schedulers is one pool each; at most 100.
+	Schedulers []Scheduler `json:"schedulers"`
+}
+
+// BBR configures body-based routing.
+type BBR struct {
+	Enabled bool `json:"enabled"`
+}
+
+// Auth configures caller authentication.
+type Auth struct {
+	JWT *JWT `json:"jwt,omitempty"`
+}
+
+// JWT configures bearer-token verification.
+type JWT struct {
+	Issuer    string   `json:"issuer"`
+	Audiences []string `json:"audiences,omitempty"`
+	// JWKSFile and JWKSURL name where the verification keys live; exactly
+	// one is required. A relative JWKSFile is resolved against the file that
+	// declares it.
+	JWKSFile string `json:"jwksFile,omitempty"`
+	JWKSURL  string `json:"jwksURL,omitempty"`
+	// JWKSRefresh is how often keys from JWKSURL are re-fetched.
+	// Zero means 5m.
+	JWKSRefresh    Duration       `json:"jwksRefresh,omitempty"`
+	RequiredClaims RequiredClaims `json:"requiredClaims,omitempty"`
+}
+
+// RequiredClaims says which claims a caller's token must carry and which of
+// them carry the tenant and the criticality.
+type RequiredClaims struct {
+	// Present lists claims that must exist in every token.
+	Present []string `json:"present,omitempty"`
+	// Tenant names the claim that carries the tenant. Default "tenant".
+	Tenant string `json:"tenant,omitempty"`
+	// Criticality names the claim that carries the band
+	// (Critical, Standard, Sheddable). Default "criticality"; a token
+	// without it is Standard.
+	Criticality string `json:"criticality,omitempty"`
+}
+
+// TenantClaim returns the claim carrying the tenant, with its default.
+func (r RequiredClaims) TenantClaim() string {
+	if r.Tenant == "" {
+		return "tenant"
+	}
+	return r.Tenant
+}
+
+// CriticalityClaim returns the claim carrying the band, with its default.
+func (r RequiredClaims) CriticalityClaim() string {
+	if r.Criticality == "" {
+		return "criticality"
+	}
+	return r.Criticality
+}
+
+// Scheduler is one model pool: which pods serve it and how Tier-1 scores
+// them.
+type Scheduler struct {
+	Name string `json:"name"`
+	// ModelName is the model name callers send (the body's "model").
+	ModelName     string        `json:"modelName"`
+	ModelSelector ModelSelector `json:"modelSelector"`
+	// TargetPort is the model-server port on each pod. Default 8000.
+	TargetPort int `json:"targetPort,omitempty"`
+	// Replicas is the desired number of Tier-1 replicas (informational in
+	// standalone mode; used by the Helm chart).
+	Replicas int `json:"replicas,omitempty"`
+	// Weights and ConfigMapRef are mutually exclusive. With neither, the
+	// documented defaults apply (queue 2, kvCache 2, prefix 3).
+	Weights      *Weights      `json:"weights,omitempty"`
+	ConfigMapRef *ConfigMapRef `json:"configMapRef,omitempty"`
+	// LoraAdapters served by this pool; at most 50.
+	LoraAdapters []string `json:"loraAdapters,omitempty"`
+	// Scoring selects the scorer semantics: "meridian" (default) or "gie"
+	// (the Gateway API Inference Extension's exact semantics, the baseline).
+	// Meridian's own field.
+	Scoring string `json:"scoring,omitempty"`
+}
+
+// ModelSelector selects pods (Kubernetes or StaticEndpoints) by label.
+type ModelSelector struct {
+	MatchLabels map[string]string `json:"matchLabels"`
+}
+
+// ConfigMapRef names an EndpointPickerConfig: a document of that kind with
+// this name, or a ConfigMap with this name whose data key Key (default
+// "config.yaml") holds one.
+type ConfigMapRef struct {
+	Name string `json:"name"`
+	Key  string `json:"key,omitempty"`
+}
+
+// Weights of the seven scorers. Unset weights are zero; at least one must
+// be positive.
+type Weights struct {
+	Queue            float64 `json:"queue,omitempty"`
+	KVCache          float64 `json:"kvCache,omitempty"`
+	Prefix           float64 `json:"prefix,omitempty"`
+	LoraAffinity     float64 `json:"loraAffinity,omitempty"`
+	RunningRequests  float64 `json:"runningRequests,omitempty"`
+	PredictedLatency float64 `json:"predictedLatency,omitempty"`
+	LRU              float64 `json:"lru,omitempty"`
+}
+
+// DefaultWeights are HyperPod's documented defaults.
+func DefaultWeights() Weights { return Weights{Queue: 2, KVCache: 2, Prefix: 3} }
+
+// ---------------------------------------------------------------------------
+// EndpointPickerConfig (GIE)
+
+// EndpointPickerConfig is GIE's full plugin configuration for a scheduler.
+type EndpointPickerConfig struct {
+	APIVersion         string              `json:"apiVersion"`
+	Kind               string              `json:"kind"`
+	Metadata           Metadata            `json:"metadata,omitempty"`
+	Plugins            []PluginSpec        `json:"plugins"`
+	SchedulingProfiles []SchedulingProfile `json:"schedulingProfiles,omitempty"`
+}
+
+// PluginSpec declares one plugin instance.
+type PluginSpec struct {
+	Name       string          `json:"name,omitempty"`
+	Type       string          `json:"type"`
+	Parameters json.RawMessage `json:"parameters,omitempty"`
+}
+
+// SchedulingProfile lists plugin references with weights.
+type SchedulingProfile struct {
+	Name    string          `json:"name"`
+	Plugins []ProfilePlugin `json:"plugins"`
+}
+
+// ProfilePlugin references a plugin by name; Weight applies to scorers.
+type ProfilePlugin struct {
+	PluginRef string   `json:"pluginRef"`
+	Weight    *float64 `json:"weight,omitempty"`
+}
+
+// ---------------------------------------------------------------------------
+// ConfigMap (BBR adapters, or an EndpointPickerConfig carrier)
+
+// ConfigMap is a core/v1 ConfigMap.
+type ConfigMap struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   Metadata          `json:"metadata"`
+	Data       map[string]string `json:"data"`
+}
+
+// ---------------------------------------------------------------------------
+// InferencePool (GIE v1)
+
+// InferencePool is GIE's pool of model-server pods.
+type InferencePool struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   Metadata          `json:"metadata"`
+	Spec       InferencePoolSpec `json:"spec"`
+}
+
+// InferencePoolSpec follows GIE v1.
+type InferencePoolSpec struct {
+	Selector          LabelSelector      `json:"selector"`
+	TargetPorts       []Port             `json:"targetPorts"`
+	EndpointPickerRef *EndpointPickerRef `json:"endpointPickerRef,omitempty"`
+}
+
+// LabelSelector selects by exact labels.
+type LabelSelector struct {
+	MatchLabels map[string]string `json:"matchLabels"`
+}
+
+// Port is a port number.
+type Port struct {
+	Number int `json:"number"`
+}
+
+// EndpointPickerRef names the picker service.
+type EndpointPickerRef struct {
+	Group       string `json:"group,omitempty"`
+	Kind        string `json:"kind,omitempty"`
+	Name        string `json:"name"`
+	Port        *Port  `json:"port,omitempty"`
+	FailureMode string `json:"failureMode,omitempty"` // FailClose (default) | FailOpen
+}
+
+// ---------------------------------------------------------------------------
+// InferenceModelRewrite (GIE v1alpha2 + Meridian fields)
+
+// ModelRewrite splits a public model name across target models.
+type ModelRewrite struct {
+	APIVersion string           `json:"apiVersion"`
+	Kind       string           `json:"kind"`
+	Metadata   Metadata         `json:"metadata"`
+	Spec       ModelRewriteSpec `json:"spec"`
+}
+
+// ModelRewriteSpec follows GIE v1alpha2, plus Meridian's stickiness.
+type ModelRewriteSpec struct {
+	PoolRef *PoolRef      `json:"poolRef,omitempty"`
+	Rules   []RewriteRule `json:"rules"`
+	// Stickiness makes assignment deterministic per key (Meridian's own;
+	// GIE picks at random per request).
+	Stickiness *Stickiness `json:"stickiness,omitempty"`
+	// Rollout, when set, is a stepped canary managed by `meridian canary`.
+	Rollout *Rollout `json:"rollout,omitempty"`
+}
+
+// PoolRef names an InferencePool.
+type PoolRef struct {
+	Group string `json:"group,omitempty"`
+	Kind  string `json:"kind,omitempty"`
+	Name  string `json:"name"`
+}
+
+// RewriteRule matches models and splits them over targets.
+type RewriteRule struct {
+	Matches []RewriteMatch  `json:"matches,omitempty"`
+	Targets []RewriteTarget `json:"targets"`
+}
+
+// RewriteMatch matches the request's model.
+type RewriteMatch struct {
+	Model *ModelMatch `json:"model,omitempty"`
+}
+
+// ModelMatch is an exact model-name match.
+type ModelMatch struct {
+	Type  string `json:"type,omitempty"` // Exact (default)
+	Value string `json:"value"`
+}
+
+// RewriteTarget is one weighted destination model.
+type RewriteTarget struct {
+	ModelRewrite string `json:"modelRewrite"`
+	Weight       int64  `json:"weight"`
+	// Clusters restricts the target to these clusters (any Region); empty
+	// means wherever a scheduler serves the target model. Meridian's own.
+	Clusters []string `json:"clusters,omitempty"`
+}
+
+// Stickiness selects what keeps a caller on one target.
+type Stickiness struct {
+	// Key is "tenant" (default) or "header".
+	Key string `json:"key,omitempty"`
+	// Header names the request header when Key is "header" (for example
+	// x-session-id); requests without it fall back to the tenant.
+	Header string `json:"header,omitempty"`
+	// Salt changes the assignment between rollouts.
+	Salt string `json:"salt,omitempty"`
+}
+
+// Rollout is a stepped canary's plan and analysis thresholds.
+type Rollout struct {
+	Stable   string   `json:"stable"`
+	Canary   string   `json:"canary"`
+	Steps    []int64  `json:"steps,omitempty"`    // canary weights in percent, e.g. 5,25,50,100
+	Interval Duration `json:"interval,omitempty"` // time per step
+	Step     int      `json:"step,omitempty"`     // index into Steps
+	// StepStarted is when the current step began (RFC 3339).
+	StepStarted string         `json:"stepStarted,omitempty"`
+	Status      string         `json:"status,omitempty"` // Progressing, Paused, Healthy, Degraded, Aborted
+	Reason      string         `json:"reason,omitempty"`
+	Analysis    *AnalysisLimit `json:"analysis,omitempty"`
+}
+
+// AnalysisLimit holds the thresholds a canary must meet relative to stable.
+type AnalysisLimit struct {
+	MaxTTFTP99Ratio   float64 `json:"maxTTFTP99Ratio,omitempty"`   // canary / stable; 0 means 1.5
+	MaxErrorRateDelta float64 `json:"maxErrorRateDelta,omitempty"` // absolute; 0 means 0.05
+	Max429RateDelta   float64 `json:"max429RateDelta,omitempty"`   // absolute; 0 means 0.1
+	MinRequests       int64   `json:"minRequests,omitempty"`       // per side before judging; 0 means 20
+}
+
+// ---------------------------------------------------------------------------
+// Tenant
+
+// Tenant is one product team's quota and permissions.
+type Tenant struct {
+	APIVersion string     `json:"apiVersion"`
+	Kind       string     `json:"kind"`
+	Metadata   Metadata   `json:"metadata"`
+	Spec       TenantSpec `json:"spec"`
+}
+
+// TenantSpec holds a tenant's limits.
+type TenantSpec struct {
+	// MaxBand is the highest band the tenant may claim: Critical,
+	// Standard (default) or Sheddable. Higher claims are lowered to it.
+	MaxBand string `json:"maxBand,omitempty"`
+	// Weight is the tenant's share in fair queueing inside a band.
+	// Zero means 1.
+	Weight float64 `json:"weight,omitempty"`
+	// Models the tenant may call (public names); empty means all.
+	Models []string    `json:"models,omitempty"`
+	Limits TenantLimit `json:"limits,omitempty"`
+}
+
+// TenantLimit holds overall, per-model and per-band limits; every one that
+// is set must allow a request.
+type TenantLimit struct {
+	Requests *Rate       `json:"requests,omitempty"`
+	Tokens   *Rate       `json:"tokens,omitempty"`
+	PerModel []ModelRate `json:"perModel,omitempty"`
+	PerBand  []BandRate  `json:"perBand,omitempty"`
+}
+
+// Rate is Limit units per Per, with Burst units allowed at once.
+type Rate struct {
+	Limit int64    `json:"limit"`
+	Per   Duration `json:"per"`
+	// Burst is the bucket size. Zero means Limit (a full period's worth).
+	Burst int64 `json:"burst,omitempty"`
+}
+
+// ModelRate limits one model.
+type ModelRate struct {
+	Model    string `json:"model"`
+	Requests *Rate  `json:"requests,omitempty"`
+	Tokens   *Rate  `json:"tokens,omitempty"`
+}
+
+// BandRate limits one band.
+type BandRate struct {
+	Band     string `json:"band"`
+	Requests *Rate  `json:"requests,omitempty"`
+	Tokens   *Rate  `json:"tokens,omitempty"`
+}
+
+// Bands, highest first.
+const (
+	BandCritical  = "Critical"
+	BandStandard  = "Standard"
+	BandSheddable = "Sheddable"
+)
+
+// ---------------------------------------------------------------------------
+// Topology
+
+// Topology names the Regions, their clusters and addresses.
+type Topology struct {
+	APIVersion string       `json:"apiVersion"`
+	Kind       string       `json:"kind"`
+	Metadata   Metadata     `json:"metadata"`
+	Spec       TopologySpec `json:"spec"`
+}
+
+// TopologySpec lists Regions.
+type TopologySpec struct {
+	Regions []Region `json:"regions"`
+}
+
+// Region is one AWS Region (or any failure domain).
+type Region struct {
+	Name string `json:"name"`
+	// Tier2 lists the Region's Tier-2 HTTP addresses (host:port).
+	Tier2 []string `json:"tier2,omitempty"`
+	// Gossip lists memberlist addresses to join (host:port).
+	Gossip   []string  `json:"gossip,omitempty"`
+	Clusters []Cluster `json:"clusters"`
+}
+
+// Cluster is one Tier-1 deployment.
+type Cluster struct {
+	Name string `json:"name"`
+	// Tier1 is the cluster's Tier-1 proxy base URL (http://host:port).
+	Tier1 string `json:"tier1"`
+	// Health is the Tier-1 pool-health gRPC address (host:port).
+	Health string `json:"health,omitempty"`
+}
+
+// ---------------------------------------------------------------------------
+// StaticEndpoints
+
+// StaticEndpoints lists model-server pods for platforms without Kubernetes.
+type StaticEndpoints struct {
+	APIVersion string              `json:"apiVersion"`
+	Kind       string              `json:"kind"`
+	Metadata   Metadata            `json:"metadata"`
+	Spec       StaticEndpointsSpec `json:"spec"`
+}
+
+// StaticEndpointsSpec lists endpoints.
+type StaticEndpointsSpec struct {
+	// Cluster limits these endpoints to one cluster's Tier-1; empty means
+	// every cluster.
+	Cluster   string           `json:"cluster,omitempty"`
+	Endpoints []StaticEndpoint `json:"endpoints"`
+}
+
+// StaticEndpoint is one pod.
+type StaticEndpoint struct {
+	Name    string            `json:"name"`
+	Address string            `json:"address"` // host:port
+	Labels  map[string]string `json:"labels,omitempty"`
+}
