@@ -1,0 +1,90 @@
+// Command meridian is Meridian's one binary: the Tier-1 endpoint picker,
+// the Tier-2 global router, the simulator, the replay tool and the
+// operator commands. It wires packages together and holds no logic a test
+// would want to reach.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+// exitError carries a process exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := newRootCmd()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return
+	}
+	fmt.Fprintln(os.Stderr, err)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		os.Exit(ee.code)
+	}
+	os.Exit(1)
+}
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "meridian",
+		Short:         "A global router for LLM inference",
+		Long:          "Meridian routes LLM inference requests: Tier-1 picks the pod in a cluster, Tier-2 picks the cluster across Regions.",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newVersionCmd(), newConfigCmd())
+	for _, add := range extraCommands {
+		root.AddCommand(add())
+	}
+	return root
+}
+
+// extraCommands lets subcommands defined in their own files register
+// themselves (each file's init appends its constructor).
+var extraCommands []func() *cobra.Command
+
+func versionString() string {
+	v := version
+	if v == "" {
+		v = "devel"
+		if bi, ok := debug.ReadBuildInfo(); ok {
+			for _, s := range bi.Settings {
+				if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+					v += "+" + s.Value[:12]
+				}
+			}
+		}
+	}
+	return v
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "meridian %s\n", versionString())
+		},
+	}
+}
