@@ -1,0 +1,134 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/meridian-router/meridian/sim/trace"
+)
+
+func mustProfile(t testing.TB, name string) Profile {
+	t.Helper()
+	p, err := LookupProfile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// loadMooncake reads the shared Mooncake trace (first n records; n <= 0
+// for all) into requests.
+func loadMooncake(t testing.TB, n int) ([]*Request, []time.Duration) {
+	t.Helper()
+	f, err := os.Open("../../shared/traces/conversation_trace.jsonl")
+	if err != nil {
+		t.Fatalf("open shared trace (CI keeps ../shared beside the clone): %v", err)
+	}
+	defer f.Close()
+	r := trace.NewMooncake(f)
+	var reqs []*Request
+	var at []time.Duration
+	for n <= 0 || len(reqs) < n {
+		rec, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, &Request{
+			ID:              fmt.Sprint(rec.Line),
+			PromptTokens:    rec.InputTokens,
+			OutputTokens:    rec.OutputTokens,
+			PrefixHashes:    rec.HashIDs,
+			HashBlockTokens: trace.MooncakeBlockTokens,
+		})
+		at = append(at, rec.Arrival)
+	}
+	return reqs, at
+}
+
+// replayRoundRobin replays requests on pods of the given profiles,
+// round-robin, and returns the outcomes in request order.
+func replayRoundRobin(t testing.TB, seed uint64, profiles []string, reqs []*Request, at []time.Duration) ([]Outcome, *Engine) {
+	t.Helper()
+	e := NewEngine(seed)
+	for i, name := range profiles {
+		if _, err := e.AddPod(PodConfig{Name: fmt.Sprintf("%s-%d", name, i), Profile: mustProfile(t, name)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := make([]Outcome, len(reqs))
+	got := make([]bool, len(reqs))
+	for i := range reqs {
+		i := i
+		e.At(at[i], func() {
+			e.Submit(e.Pods()[i%len(e.Pods())], reqs[i], func(o Outcome) {
+				if got[i] {
+					t.Errorf("request %d: done called twice", i)
+				}
+				got[i] = true
+				out[i] = o
+			})
+		})
+	}
+	e.Run()
+	for i := range got {
+		if !got[i] {
+			t.Fatalf("request %d: no outcome", i)
+		}
+	}
+	return out, e
+}
+
+func TestMooncakeReplayConservation(t *testing.T) {
+	reqs, at := loadMooncake(t, 0)
+	pods := []string{"h100", "h100", "h100", "h100", "a100", "a100", "l40s", "l40s"}
+	start := time.Now()
+	out, e := replayRoundRobin(t, 1, pods, reqs, at)
+	t.Logf("replayed %d requests in %v (virtual %v)", len(reqs), time.Since(start), e.Now())
+	var ok, failed int
+	var gen, cached uint64
+	for i, o := range out {
+		switch {
+		case o.Err == nil:
+			ok++
+			if o.OutputTokens != reqs[i].OutputTokens {
+				t.Errorf("request %d: %d tokens, want %d", i, o.OutputTokens, reqs[i].OutputTokens)
+			}
+			if o.FirstToken < o.Arrival || o.Finish < o.FirstToken {
+				t.Errorf("request %d: arrival %v first %v finish %v out of order", i, o.Arrival, o.FirstToken, o.Finish)
+			}
+		default:
+			failed++
+			if !errors.Is(o.Err, ErrContextLength) {
+				t.Errorf("request %d failed: %v", i, o.Err)
+			}
+		}
+		gen += uint64(o.OutputTokens)
+		cached += uint64(o.CachedTokens)
+	}
+	var m Metrics
+	for _, p := range e.Pods() {
+		pm := p.Metrics()
+		m.GenerationTokens += pm.GenerationTokens
+		m.RequestsOK += pm.RequestsOK
+		m.Failures += pm.Failures
+		m.PrefixCacheHits += pm.PrefixCacheHits
+		m.PrefixCacheQueries += pm.PrefixCacheQueries
+		if pm.Waiting+pm.Running != 0 || pm.KVCacheUsage != 0 {
+			t.Errorf("pod %s not empty after the run: %+v", p.Name(), pm)
+		}
+	}
+	if int(m.RequestsOK) != ok || int(m.Failures) != failed {
+		t.Errorf("pods count %d ok %d failed, outcomes %d ok %d failed", m.RequestsOK, m.Failures, ok, failed)
+	}
+	if m.GenerationTokens < gen {
+		t.Errorf("pods generated %d tokens, outcomes report %d", m.GenerationTokens, gen)
+	}
+	t.Logf("ok %d failed %d; prefix hits %d / queries %d tokens (%.1f%%)", ok, failed, m.PrefixCacheHits, m.PrefixCacheQueries, 100*float64(m.PrefixCacheHits)/float64(m.PrefixCacheQueries))
+}
