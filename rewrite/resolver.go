@@ -1,0 +1,318 @@
+// Package rewrite decides which target model serves a public model name:
+// it matches InferenceModelRewrite rules (GIE v1alpha2 shape) and assigns
+// each caller to one weighted target, stickily. It also holds the pure part
+// of a stepped canary: the analysis verdict from canary and stable
+// statistics, and the rollout's step progression.
+//
+// What it decides: the target model, the clusters it may run in, and the
+// public name to put back into the response. What it does not: where the
+// request goes (regions picks a cluster, Tier-1 a pod), whether it is
+// admitted (priority, ratelimit), or how a rollout is written to etcd
+// (`meridian canary`). It does no I/O.
+//
+// Assignment differs from GIE on purpose. GIE draws a random target per
+// request, so a conversation flips between versions and loses its prefix
+// cache on every flip. Here a hash of the stickiness key (the tenant, or a
+// header such as a session id) seeded with the rollout's salt picks the
+// target, so a key stays on one target while the weights stand, and when a
+// canary's weight grows only keys move onto it, never off it.
+package rewrite
+
+import (
+	"fmt"
+	"math/bits"
+	"net/textproto"
+	"sort"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/meridian-router/meridian/config"
+)
+
+// MaxWeight is the largest target weight GIE accepts.
+const MaxWeight = 1_000_000
+
+// Header reads request headers; http.Header satisfies it. Get must not
+// retain its argument.
+type Header interface {
+	Get(name string) string
+}
+
+// Request is what resolution reads from one request.
+type Request struct {
+	// Model is the body's "model", the public name.
+	Model string
+	// Tenant is the authenticated tenant; the default stickiness key.
+	Tenant string
+	// Header is read only when the matching rewrite's stickiness names a
+	// header. Nil means no headers.
+	Header Header
+}
+
+// Resolution is the outcome of resolving one request.
+type Resolution struct {
+	// Public is the name the caller asked for. The response's "model" must
+	// say this, not Target.
+	Public string
+	// Target is the model to request upstream.
+	Target string
+	// Clusters restricts Target to these clusters (any Region). Nil means
+	// any cluster serving Target. Shared and read only.
+	Clusters []string
+	// Rewrite names the InferenceModelRewrite that matched; empty when none
+	// did.
+	Rewrite string
+	// Canary reports that Target is the rewrite's rollout canary.
+	Canary bool
+}
+
+// Resolver resolves public model names against one set of rewrites. It is
+// safe for concurrent use; Update swaps the rewrites atomically, so a
+// request resolves against either the old or the new set, never a mix. The
+// zero Resolver matches nothing.
+type Resolver struct {
+	t atomic.Pointer[table]
+}
+
+// NewResolver builds a Resolver from a snapshot's rewrites (keyed by
+// object name, as config.Snapshot.Rewrites).
+func NewResolver(rewrites map[string]*config.ModelRewrite) (*Resolver, error) {
+	r := &Resolver{}
+	if err := r.Update(rewrites); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Update replaces the rewrites. On error the previous rewrites stay in
+// force.
+func (r *Resolver) Update(rewrites map[string]*config.ModelRewrite) error {
+	t, err := build(rewrites)
+	if err != nil {
+		return err
+	}
+	r.t.Store(t)
+	return nil
+}
+
+// Resolve returns the target for req. ok is false when no rule matches; the
+// Resolution then names req.Model as both Public and Target. Resolve does
+// not allocate.
+func (r *Resolver) Resolve(req Request) (res Resolution, ok bool) {
+	res = Resolution{Public: req.Model, Target: req.Model}
+	t := r.t.Load()
+	if t == nil {
+		return res, false
+	}
+	rt := t.exact[req.Model]
+	if rt == nil {
+		rt = t.generic
+	}
+	if rt == nil {
+		return res, false
+	}
+	key := req.Tenant
+	if rt.header != "" && req.Header != nil {
+		if v := req.Header.Get(rt.header); v != "" {
+			key = v
+		}
+	}
+	tg := &rt.targets[rt.pick(key)]
+	res.Target = tg.model
+	res.Clusters = tg.clusters
+	res.Rewrite = rt.rewrite
+	res.Canary = tg.canary
+	return res, true
+}
+
+// table is one immutable set of compiled rules.
+type table struct {
+	exact   map[string]*route
+	generic *route
+}
+
+// route is one rule, compiled.
+type route struct {
+	rewrite string
+	rule    int
+	header  string // canonical header name; empty: key on the tenant
+	seed    uint64
+	targets []target
+	cum     []uint64 // cum[i] = sum of weights of targets[0..i]
+}
+
+type target struct {
+	model    string
+	clusters []string
+	canary   bool
+}
+
+// pick maps key to a target index. The hash is read as a fraction of 2^64
+// and scaled to the total weight, so each target owns a fixed slice of the
+// key space; the canary, kept last, owns the top slice, which only grows as
+// its weight grows.
+func (rt *route) pick(key string) int {
+	var d xxhash.Digest
+	d.ResetWithSeed(rt.seed)
+	d.WriteString(key)
+	total := rt.cum[len(rt.cum)-1]
+	u, _ := bits.Mul64(d.Sum64(), total)
+	for i, c := range rt.cum {
+		if u < c {
+			return i
+		}
+	}
+	return len(rt.cum) - 1 // unreachable: u < total
+}
+
+func build(rewrites map[string]*config.ModelRewrite) (*table, error) {
+	t := &table{exact: map[string]*route{}}
+	owner := map[string]string{} // model → "rewrite rule" that claimed it
+	genericOwner := ""
+	names := make([]string, 0, len(rewrites))
+	for n := range rewrites {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		mr := rewrites[name]
+		if mr == nil {
+			return nil, fmt.Errorf("rewrite: InferenceModelRewrite %q is nil", name)
+		}
+		if mr.Metadata.Name != "" {
+			name = mr.Metadata.Name
+		}
+		for i, rule := range mr.Spec.Rules {
+			where := fmt.Sprintf("InferenceModelRewrite %q: spec.rules[%d]", name, i)
+			rt, err := compile(name, i, &mr.Spec, rule)
+			if err != nil {
+				return nil, fmt.Errorf("rewrite: %s: %w", where, err)
+			}
+			generic := true
+			for j, m := range rule.Matches {
+				if m.Model == nil {
+					continue
+				}
+				generic = false
+				if m.Model.Type != "" && m.Model.Type != "Exact" {
+					return nil, fmt.Errorf("rewrite: %s.matches[%d].model.type: only Exact is supported, got %q", where, j, m.Model.Type)
+				}
+				v := m.Model.Value
+				if v == "" {
+					return nil, fmt.Errorf("rewrite: %s.matches[%d].model.value: required", where, j)
+				}
+				if prev, dup := owner[v]; dup {
+					return nil, fmt.Errorf("rewrite: %s.matches[%d]: model %q is already matched by %s", where, j, v, prev)
+				}
+				owner[v] = where
+				t.exact[v] = rt
+			}
+			if generic {
+				if genericOwner != "" {
+					return nil, fmt.Errorf("rewrite: %s: a second rule without model matches; %s already matches every model", where, genericOwner)
+				}
+				genericOwner = where
+				t.generic = rt
+			}
+		}
+	}
+	return t, nil
+}
+
+func compile(name string, idx int, spec *config.ModelRewriteSpec, rule config.RewriteRule) (*route, error) {
+	if len(rule.Targets) == 0 {
+		return nil, fmt.Errorf("targets: at least one target is required")
+	}
+	rt := &route{rewrite: name, rule: idx}
+	salt := ""
+	if st := spec.Stickiness; st != nil {
+		salt = st.Salt
+		switch st.Key {
+		case "", "tenant":
+		case "header":
+			if st.Header == "" {
+				return nil, fmt.Errorf("stickiness.header: required when key is header")
+			}
+			rt.header = textproto.CanonicalMIMEHeaderKey(st.Header)
+		default:
+			return nil, fmt.Errorf("stickiness.key: want tenant or header, got %q", st.Key)
+		}
+	}
+	// The salt is hashed once here; each request then seeds its hash with it.
+	rt.seed = xxhash.Sum64String(salt)
+
+	weights := make([]int64, len(rule.Targets))
+	canaryAt := -1
+	for j, tg := range rule.Targets {
+		if tg.ModelRewrite == "" {
+			return nil, fmt.Errorf("targets[%d].modelRewrite: required", j)
+		}
+		if tg.Weight < 1 || tg.Weight > MaxWeight {
+			return nil, fmt.Errorf("targets[%d].weight: must be 1..%d, got %d", j, MaxWeight, tg.Weight)
+		}
+		weights[j] = tg.Weight
+		for k := 0; k < j; k++ {
+			if rule.Targets[k].ModelRewrite == tg.ModelRewrite {
+				return nil, fmt.Errorf("targets[%d].modelRewrite: %q is also targets[%d]", j, tg.ModelRewrite, k)
+			}
+		}
+	}
+	order := make([]int, len(rule.Targets))
+	for j := range order {
+		order[j] = j
+	}
+	if ro := spec.Rollout; ro != nil {
+		stableAt := -1
+		for j, tg := range rule.Targets {
+			switch tg.ModelRewrite {
+			case ro.Canary:
+				canaryAt = j
+			case ro.Stable:
+				stableAt = j
+			}
+		}
+		if canaryAt >= 0 && stableAt >= 0 {
+			// The rollout, not the targets, holds this rule's split.
+			pct, fromRollout, err := CanaryWeight(*ro)
+			if err != nil {
+				return nil, fmt.Errorf("rollout: %w", err)
+			}
+			if fromRollout {
+				weights[canaryAt] = pct * (MaxWeight / 100)
+				weights[stableAt] = (100 - pct) * (MaxWeight / 100)
+			}
+			// The canary goes last so that it owns the top of the key space.
+			order = append(order[:canaryAt], order[canaryAt+1:]...)
+			order = append(order, canaryAt)
+		} else {
+			canaryAt = -1
+		}
+	}
+	var sum uint64
+	for _, j := range order {
+		if weights[j] == 0 {
+			continue // a target at 0% gets no slice of the key space
+		}
+		tg := rule.Targets[j]
+		sum += uint64(weights[j])
+		rt.targets = append(rt.targets, target{
+			model:    tg.ModelRewrite,
+			clusters: clip(tg.Clusters),
+			canary:   j == canaryAt,
+		})
+		rt.cum = append(rt.cum, sum)
+	}
+	if sum == 0 {
+		return nil, fmt.Errorf("targets: every target has weight 0")
+	}
+	return rt, nil
+}
+
+// clip copies a slice so the table owns it, mapping empty to nil.
+func clip(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return append([]string(nil), s...)
+}
