@@ -1,0 +1,375 @@
+// Package request reads what routing needs from an OpenAI-style inference
+// request body, and turns a prompt into prefix-block hashes.
+//
+// Both tiers use it: Tier-2 to estimate tokens and to steer a prompt toward
+// the cluster that has its prefix cached, Tier-1 to pick the pod. It decides
+// nothing about where a request goes; it only extracts the model, the
+// stream flag, the cache salt and the prompt (completions text, token ids,
+// or chat messages in order) in one pass over the body, with errors a
+// caller can classify with errors.Is: ErrTooLarge, ErrMalformed,
+// ErrMissingModel, ErrPromptType.
+//
+// Keys match exactly (vLLM's server is case-sensitive) and, as in most JSON
+// readers, the last of duplicated keys wins.
+package request
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+// DefaultMaxBytes is the body size limit used when none is given.
+const DefaultMaxBytes = 4 << 20
+
+// Errors returned by Parse and Read. Each is wrapped with detail.
+var (
+	// ErrTooLarge: the body is longer than the limit.
+	ErrTooLarge = errors.New("request body too large")
+	// ErrMalformed: the body is not a JSON object.
+	ErrMalformed = errors.New("malformed JSON body")
+	// ErrMissingModel: the body has no non-empty "model" string.
+	ErrMissingModel = errors.New(`missing "model"`)
+	// ErrPromptType: "prompt", "messages" or a message's content has a type
+	// routing cannot read, or the body has neither prompt nor messages.
+	ErrPromptType = errors.New("unsupported prompt")
+)
+
+// Kind says which API a body belongs to.
+type Kind uint8
+
+const (
+	// Completion is /v1/completions: a "prompt".
+	Completion Kind = iota + 1
+	// Chat is /v1/chat/completions: "messages".
+	Chat
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Completion:
+		return "completion"
+	case Chat:
+		return "chat"
+	}
+	return "unknown"
+}
+
+// Body is what routing reads from a request body. Strings are copies; a
+// Body does not alias the bytes it was parsed from.
+type Body struct {
+	Model  string
+	Stream bool
+	Kind   Kind
+	// CacheSalt is vLLM's "cache_salt": requests with different salts never
+	// share cached prefixes, so it seeds the prefix hashes.
+	CacheSalt string
+	// Prompt is a completion's text prompt.
+	Prompt string
+	// TokenIDs is a completion's prompt when given as token ids.
+	TokenIDs []int64
+	// Messages are a chat's messages in order.
+	Messages []Message
+}
+
+// Message is one chat message.
+type Message struct {
+	Role string
+	// Content is the message's content when it was a string.
+	Content string
+	// Parts is the content when it was an array of parts; nil when it was a
+	// string, null or absent, non-nil (possibly empty) when an array.
+	Parts []Part
+}
+
+// Part is one element of a message's content array.
+type Part struct {
+	Type     string // "text", "image_url", ...
+	Text     string
+	ImageURL string // image_url.url
+}
+
+// Read reads a body of at most maxBytes bytes (DefaultMaxBytes when
+// maxBytes ≤ 0) from r and parses it.
+func Read(r io.Reader, maxBytes int64) (*Body, []byte, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxBytes
+	}
+	data, err := io.ReadAll(io.LimitReader(r, maxBytes+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("request: reading body: %w", err)
+	}
+	if int64(len(data)) > maxBytes {
+		return nil, nil, fmt.Errorf("request: %w: more than %d bytes", ErrTooLarge, maxBytes)
+	}
+	b, err := Parse(data, maxBytes)
+	return b, data, err
+}
+
+// Parse reads a body of at most maxBytes bytes (DefaultMaxBytes when
+// maxBytes ≤ 0).
+func Parse(data []byte, maxBytes int64) (*Body, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxBytes
+	}
+	if int64(len(data)) > maxBytes {
+		return nil, fmt.Errorf("request: %w: %d bytes, limit %d", ErrTooLarge, len(data), maxBytes)
+	}
+	p := parser{s: scanner{b: data}}
+	if err := p.body(); err != nil {
+		return nil, err
+	}
+	return &p.out, nil
+}
+
+type parser struct {
+	s   scanner
+	out Body
+	buf []byte // scratch for decoding strings
+
+	// Where the prompt fields were found; they are decoded after the whole
+	// body is known to be valid so that the last duplicate wins cheaply.
+	promptAt, messagesAt int
+	hasPrompt, hasMsgs   bool
+	hasModel             bool
+}
+
+func malformed(err error) error {
+	return fmt.Errorf("request: %w: %w", ErrMalformed, err)
+}
+
+func (p *parser) body() error {
+	s := &p.s
+	if s.peek() != '{' {
+		return malformed(s.errorf("want a JSON object"))
+	}
+	err := s.object(func(key []byte) error {
+		switch string(key) {
+		case "model":
+			if s.peek() != '"' {
+				if err := s.skip(); err != nil {
+					return err
+				}
+				p.out.Model, p.hasModel = "", true
+				return nil
+			}
+			v, err := p.string()
+			p.out.Model, p.hasModel = v, true
+			return err
+		case "stream":
+			if s.peek() == 'n' {
+				p.out.Stream = false
+				return s.literal("null")
+			}
+			v, err := s.boolean()
+			if err != nil {
+				return fmt.Errorf(`%w ("stream" must be true or false)`, err)
+			}
+			p.out.Stream = v
+			return nil
+		case "cache_salt":
+			if s.peek() != '"' {
+				p.out.CacheSalt = ""
+				return s.skip()
+			}
+			v, err := p.string()
+			p.out.CacheSalt = v
+			return err
+		case "prompt":
+			p.promptAt, p.hasPrompt = s.i, true
+			return s.skip()
+		case "messages":
+			p.messagesAt, p.hasMsgs = s.i, true
+			return s.skip()
+		}
+		return s.skip()
+	})
+	if err != nil {
+		return malformed(err)
+	}
+	if s.peek() != 0 || s.i < len(s.b) {
+		return malformed(s.errorf("trailing data after the JSON object"))
+	}
+	if p.out.Model == "" {
+		if p.hasModel {
+			return fmt.Errorf("request: %w: \"model\" must be a non-empty string", ErrMissingModel)
+		}
+		return fmt.Errorf("request: %w", ErrMissingModel)
+	}
+	switch {
+	case p.hasMsgs:
+		p.out.Kind = Chat
+		s.i = p.messagesAt
+		return p.messages()
+	case p.hasPrompt:
+		p.out.Kind = Completion
+		s.i = p.promptAt
+		return p.prompt()
+	}
+	return fmt.Errorf("request: %w: the body has neither \"prompt\" nor \"messages\"", ErrPromptType)
+}
+
+// string decodes a string value into a new Go string.
+func (p *parser) string() (string, error) {
+	v, err := p.s.str(&p.buf)
+	if err != nil {
+		return "", err
+	}
+	return string(v), nil
+}
+
+func (p *parser) prompt() error {
+	s := &p.s
+	switch s.peek() {
+	case '"':
+		v, err := p.string()
+		p.out.Prompt = v
+		return err
+	case '[':
+		// Token ids. A list of strings is a batch of prompts, which one
+		// routing decision cannot serve well; it is refused.
+		err := s.array(func() error {
+			c := s.peek()
+			if c != '-' && (c < '0' || c > '9') {
+				return fmt.Errorf("%w: \"prompt\" must be a string or an array of token ids", ErrPromptType)
+			}
+			num, err := s.number()
+			if err != nil {
+				return err
+			}
+			id, err := strconv.ParseInt(string(num), 10, 64)
+			if err != nil {
+				return fmt.Errorf("%w: token id %s is not an integer", ErrPromptType, num)
+			}
+			p.out.TokenIDs = append(p.out.TokenIDs, id)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("request: %w", err)
+		}
+		if p.out.TokenIDs == nil {
+			p.out.TokenIDs = []int64{}
+		}
+		return nil
+	}
+	return fmt.Errorf("request: %w: \"prompt\" must be a string or an array of token ids", ErrPromptType)
+}
+
+func (p *parser) messages() error {
+	s := &p.s
+	if s.peek() != '[' {
+		return fmt.Errorf("request: %w: \"messages\" must be an array", ErrPromptType)
+	}
+	p.out.Messages = []Message{}
+	err := s.array(func() error {
+		n := len(p.out.Messages)
+		if s.peek() != '{' {
+			return fmt.Errorf("%w: messages[%d] must be an object", ErrPromptType, n)
+		}
+		var m Message
+		err := s.object(func(key []byte) error {
+			switch string(key) {
+			case "role":
+				if s.peek() != '"' {
+					m.Role = ""
+					return s.skip()
+				}
+				v, err := p.string()
+				m.Role = v
+				return err
+			case "content":
+				return p.content(&m, n)
+			}
+			return s.skip()
+		})
+		if err != nil {
+			return err
+		}
+		p.out.Messages = append(p.out.Messages, m)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("request: %w", err)
+	}
+	return nil
+}
+
+func (p *parser) content(m *Message, n int) error {
+	s := &p.s
+	m.Content, m.Parts = "", nil
+	switch s.peek() {
+	case '"':
+		v, err := p.string()
+		m.Content = v
+		return err
+	case 'n':
+		return s.literal("null")
+	case '[':
+		m.Parts = []Part{}
+		return s.array(func() error {
+			if s.peek() != '{' {
+				return fmt.Errorf("%w: messages[%d].content[%d] must be an object", ErrPromptType, n, len(m.Parts))
+			}
+			var part Part
+			err := s.object(func(key []byte) error {
+				var dst *string
+				switch string(key) {
+				case "type":
+					dst = &part.Type
+				case "text":
+					dst = &part.Text
+				case "image_url":
+					if s.peek() != '{' {
+						return s.skip()
+					}
+					return s.object(func(key []byte) error {
+						if string(key) != "url" || s.peek() != '"' {
+							return s.skip()
+						}
+						v, err := p.string()
+						part.ImageURL = v
+						return err
+					})
+				default:
+					return s.skip()
+				}
+				if s.peek() != '"' {
+					*dst = ""
+					return s.skip()
+				}
+				v, err := p.string()
+				*dst = v
+				return err
+			})
+			m.Parts = append(m.Parts, part)
+			return err
+		})
+	}
+	return fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", ErrPromptType, n)
+}
+
+// EstimateTokens estimates the prompt's length in tokens: token ids are
+// counted, text is taken at four bytes a token (the rule of thumb GIE uses
+// too), and each chat message adds the few tokens of its template.
+func (b *Body) EstimateTokens() int {
+	switch b.Kind {
+	case Completion:
+		if b.TokenIDs != nil {
+			return len(b.TokenIDs)
+		}
+		return (len(b.Prompt) + 3) / 4
+	case Chat:
+		n := 0
+		for i := range b.Messages {
+			m := &b.Messages[i]
+			chars := len(m.Role) + len(m.Content)
+			for j := range m.Parts {
+				chars += len(m.Parts[j].Text)
+			}
+			n += (chars+3)/4 + 4
+		}
+		return n
+	}
+	return 0
+}

@@ -1,0 +1,235 @@
+package request
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want Body
+	}{
+		{
+			name: "completion",
+			body: `{"model":"llama","prompt":"Hello","stream":true,"max_tokens":5}`,
+			want: Body{Model: "llama", Stream: true, Kind: Completion, Prompt: "Hello"},
+		},
+		{
+			name: "completion with token ids and salt",
+			body: ` {"prompt":[1, 2,30000],"cache_salt":"s1","model":"m"} `,
+			want: Body{Model: "m", Kind: Completion, CacheSalt: "s1", TokenIDs: []int64{1, 2, 30000}},
+		},
+		{
+			name: "chat with string and array contents in order",
+			body: `{"model":"m","messages":[{"role":"system","content":"be brief"},` +
+				`{"role":"user","content":[{"type":"text","text":"a\u00e9\n"},{"type":"image_url","image_url":{"url":"http://x/y.png"}}]},` +
+				`{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}],"stream":false}`,
+			want: Body{Model: "m", Kind: Chat, Messages: []Message{
+				{Role: "system", Content: "be brief"},
+				{Role: "user", Parts: []Part{{Type: "text", Text: "aé\n"}, {Type: "image_url", ImageURL: "http://x/y.png"}}},
+				{Role: "assistant"},
+			}},
+		},
+		{
+			name: "last duplicate wins, unknown keys skipped",
+			body: `{"model":"a","x":{"model":"nested"},"model":"b","stream":null}`,
+			want: Body{Model: "b", Kind: Chat, Messages: []Message{}},
+		},
+		{
+			name: "messages win over prompt",
+			body: `{"model":"m","prompt":"p","messages":[]}`,
+			want: Body{Model: "m", Kind: Chat, Messages: []Message{}},
+		},
+		{
+			name: "escapes and surrogates decode like encoding/json",
+			body: `{"model":"m\"\\\/\b\f\n\r\t","prompt":"\ud83d\ude00 \ud800x \udc00"}`,
+			want: Body{Model: "m\"\\/\b\f\n\r\t", Kind: Completion, Prompt: "😀 \uFFFDx \uFFFD"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.name == "last duplicate wins, unknown keys skipped" {
+				tt.body = strings.Replace(tt.body, `"stream":null}`, `"stream":null,"messages":[]}`, 1)
+			}
+			got, err := Parse([]byte(tt.body), 0)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if !reflect.DeepEqual(*got, tt.want) {
+				t.Fatalf("Parse =\n%+v\nwant\n%+v", *got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		max  int64
+		want error
+	}{
+		{"not json", `hello`, 0, ErrMalformed},
+		{"array", `[1]`, 0, ErrMalformed},
+		{"truncated", `{"model":"m","prompt":"x`, 0, ErrMalformed},
+		{"trailing", `{"model":"m","prompt":"x"} {}`, 0, ErrMalformed},
+		{"bad escape", `{"model":"m","prompt":"\x"}`, 0, ErrMalformed},
+		{"raw control char", "{\"model\":\"m\",\"prompt\":\"a\x01\"}", 0, ErrMalformed},
+		{"bad number", `{"model":"m","n":01,"prompt":""}`, 0, ErrMalformed},
+		{"stream not bool", `{"model":"m","stream":"yes","prompt":""}`, 0, ErrMalformed},
+		{"missing model", `{"prompt":"x"}`, 0, ErrMissingModel},
+		{"empty model", `{"model":"","prompt":"x"}`, 0, ErrMissingModel},
+		{"model not string", `{"model":7,"prompt":"x"}`, 0, ErrMissingModel},
+		{"no prompt", `{"model":"m"}`, 0, ErrPromptType},
+		{"prompt object", `{"model":"m","prompt":{}}`, 0, ErrPromptType},
+		{"batched prompts", `{"model":"m","prompt":["a","b"]}`, 0, ErrPromptType},
+		{"fractional token", `{"model":"m","prompt":[1.5]}`, 0, ErrPromptType},
+		{"messages not array", `{"model":"m","messages":"hi"}`, 0, ErrPromptType},
+		{"message not object", `{"model":"m","messages":["hi"]}`, 0, ErrPromptType},
+		{"content number", `{"model":"m","messages":[{"role":"user","content":3}]}`, 0, ErrPromptType},
+		{"part not object", `{"model":"m","messages":[{"content":["x"]}]}`, 0, ErrPromptType},
+		{"too large", `{"model":"m","prompt":"xxxxxxxxxx"}`, 16, ErrTooLarge},
+		{"too deep", `{"model":"m","prompt":"","x":` + strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1) + `}`, 0, ErrMalformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.body), tt.max)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("Parse error = %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRead(t *testing.T) {
+	body := `{"model":"m","prompt":"` + strings.Repeat("x", 100) + `"}`
+	if _, _, err := Read(strings.NewReader(body), int64(len(body))); err != nil {
+		t.Fatalf("Read at the limit: %v", err)
+	}
+	if _, _, err := Read(strings.NewReader(body), int64(len(body)-1)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("Read over the limit: err = %v, want ErrTooLarge", err)
+	}
+}
+
+func TestEstimateTokens(t *testing.T) {
+	b := Body{Kind: Completion, Prompt: strings.Repeat("x", 400)}
+	if got := b.EstimateTokens(); got != 100 {
+		t.Errorf("text: %d, want 100", got)
+	}
+	b = Body{Kind: Completion, TokenIDs: make([]int64, 37)}
+	if got := b.EstimateTokens(); got != 37 {
+		t.Errorf("ids: %d, want 37", got)
+	}
+	b = Body{Kind: Chat, Messages: []Message{{Role: "user", Content: strings.Repeat("x", 396)}}}
+	if got := b.EstimateTokens(); got != 104 {
+		t.Errorf("chat: %d, want 104", got)
+	}
+}
+
+// gieMessage mirrors GIE's chat message type (pkg/epp/scheduling/types), so
+// the test can check AppendGIEPrompt against encoding/json itself.
+type gieMessage struct {
+	Role    string     `json:"role,omitempty"`
+	Content gieContent `json:"content,omitempty"`
+}
+
+type gieContent struct {
+	Raw        string
+	Structured []gieBlock
+}
+
+type gieBlock struct {
+	Type     string   `json:"type"`
+	Text     string   `json:"text,omitempty"`
+	ImageURL gieImage `json:"image_url,omitempty"`
+}
+
+type gieImage struct {
+	URL string `json:"url,omitempty"`
+}
+
+func (c *gieContent) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err == nil {
+		c.Raw = s
+		return nil
+	}
+	var blocks []gieBlock
+	if err := json.Unmarshal(data, &blocks); err == nil {
+		c.Structured = blocks
+		return nil
+	}
+	return errors.New("content format not supported")
+}
+
+func (c gieContent) MarshalJSON() ([]byte, error) {
+	if c.Raw != "" {
+		return json.Marshal(c.Raw)
+	}
+	if c.Structured != nil {
+		return json.Marshal(c.Structured)
+	}
+	return json.Marshal("")
+}
+
+// gieChatJSON is GIE's prompt text for a chat body: the JSON of its
+// messages as GIE decodes and re-encodes them.
+func gieChatJSON(body []byte) ([]byte, error) {
+	var req struct {
+		Messages []gieMessage `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, err
+	}
+	return json.Marshal(req.Messages)
+}
+
+func TestAppendGIEPromptMatchesEncodingJSON(t *testing.T) {
+	bodies := []string{
+		`{"model":"m","messages":[{"role":"user","content":"Hi <b> & \"you\"\u2028\u0001 é 😀"}]}`,
+		`{"model":"m","messages":[{"content":"no role"},{"role":"assistant","content":""},{"role":"tool"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u&v"}},{"type":"text"}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[]}]}`,
+		`{"model":"m","messages":[]}`,
+	}
+	for _, body := range bodies {
+		want, err := gieChatJSON([]byte(body))
+		if err != nil {
+			t.Fatalf("reference: %v", err)
+		}
+		b, err := Parse([]byte(body), 0)
+		if err != nil {
+			t.Fatalf("Parse(%s): %v", body, err)
+		}
+		if got := AppendGIEPrompt(nil, b); !bytes.Equal(got, want) {
+			t.Errorf("AppendGIEPrompt(%s)\n got %s\nwant %s", body, got, want)
+		}
+	}
+}
+
+func TestAppendPromptTextIgnoresSpelling(t *testing.T) {
+	a, err := Parse([]byte(`{"model":"m","messages":[{"role":"user","content":"hello"}]}`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Parse([]byte(`{ "messages" : [ { "content" : [ {"text":"hel\u006co","type":"text"} ], "role":"user" } ], "model":"m" }`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x, y := AppendPromptText(nil, a), AppendPromptText(nil, b); !bytes.Equal(x, y) {
+		t.Fatalf("same conversation, different text: %q vs %q", x, y)
+	}
+	c, err := Parse([]byte(`{"model":"m","messages":[{"role":"system","content":"hello"}]}`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(AppendPromptText(nil, a), AppendPromptText(nil, c)) {
+		t.Fatal("different roles gave the same text")
+	}
+}

@@ -1,0 +1,124 @@
+package request
+
+import (
+	"encoding/binary"
+	"strings"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// gieHashes restates GIE's hashPrompt with a streaming digest: seed =
+// xxHash64(model ‖ salt); block i = xxHash64(text[i·bs:(i+1)·bs] ‖ LE64(prev)).
+func gieHashes(model, salt, text string, bs, max int) []uint64 {
+	if len(text) < bs {
+		return nil
+	}
+	if len(text) > bs*max {
+		text = text[:bs*max]
+	}
+	h := xxhash.New()
+	h.WriteString(model)
+	if salt != "" {
+		h.WriteString(salt)
+	}
+	prev := h.Sum64()
+	var out []uint64
+	for i := 0; i+bs <= len(text); i += bs {
+		h.Reset()
+		h.WriteString(text[i : i+bs])
+		var le [8]byte
+		binary.LittleEndian.PutUint64(le[:], prev)
+		h.Write(le[:])
+		prev = h.Sum64()
+		out = append(out, prev)
+	}
+	return out
+}
+
+func TestBlockHashesMatchGIE(t *testing.T) {
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 500)
+	tests := []struct {
+		name, model, salt string
+		n, bs, max        int
+	}{
+		{"short", "llama", "", 63, 64, 256},
+		{"one block", "llama", "", 64, 64, 256},
+		{"partial tail", "llama", "", 64*5 + 10, 64, 256},
+		{"capped", "llama", "", len(text), 64, 256},
+		{"salted", "llama", "tenant-a", 64 * 3, 64, 256},
+		{"large blocks", "m", "", 4000, 1000, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := gieHashes(tt.model, tt.salt, text[:tt.n], tt.bs, tt.max)
+			got := BlockHashes(nil, Seed(tt.model, tt.salt), []byte(text[:tt.n]), tt.bs, tt.max)
+			if len(got) != len(want) {
+				t.Fatalf("%d hashes, want %d", len(got), len(want))
+			}
+			for i := range got {
+				if got[i] != want[i] {
+					t.Fatalf("hash %d = %x, want %x", i, got[i], want[i])
+				}
+			}
+		})
+	}
+}
+
+// TestBlockHashVector pins one value so a change of algorithm is noticed
+// even if both implementations above changed together.
+func TestBlockHashVector(t *testing.T) {
+	got := BlockHashes(nil, Seed("m", ""), []byte(strings.Repeat("a", 64)), 64, 256)
+	var buf [72]byte
+	copy(buf[:], strings.Repeat("a", 64))
+	binary.LittleEndian.PutUint64(buf[64:], xxhash.Sum64String("m"))
+	if want := xxhash.Sum64(buf[:]); len(got) != 1 || got[0] != want {
+		t.Fatalf("got %x, want [%x]", got, want)
+	}
+}
+
+func TestBlockHashesPrefixProperty(t *testing.T) {
+	seed := Seed("m", "")
+	a := BlockHashes(nil, seed, []byte(strings.Repeat("x", 640)), 64, 256)
+	b := BlockHashes(nil, seed, []byte(strings.Repeat("x", 320)+strings.Repeat("y", 320)), 64, 256)
+	for i := range 5 {
+		if a[i] != b[i] {
+			t.Fatalf("shared block %d differs", i)
+		}
+	}
+	for i := 5; i < 10; i++ {
+		if a[i] == b[i] {
+			t.Fatalf("diverged block %d equal", i)
+		}
+	}
+	if c := BlockHashes(nil, Seed("other", ""), []byte(strings.Repeat("x", 640)), 64, 256); c[0] == a[0] {
+		t.Fatal("model does not seed the hashes")
+	}
+	ids := make([]int64, 100)
+	th := TokenBlockHashes(nil, seed, ids, 16, 256)
+	if len(th) != 6 {
+		t.Fatalf("token blocks: %d, want 6", len(th))
+	}
+}
+
+func BenchmarkBlockHashes(b *testing.B) {
+	text := []byte(strings.Repeat("x", 64*256))
+	dst := make([]uint64, 0, 256)
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = BlockHashes(dst[:0], 1, text, 64, 256)
+	}
+}
+
+func BenchmarkParseChat(b *testing.B) {
+	body := []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"` +
+		strings.Repeat("You are a helpful assistant. ", 300) + `"},{"role":"user","content":"What is the capital of France?"}]}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(body, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

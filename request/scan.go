@@ -1,0 +1,365 @@
+package request
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// maxDepth bounds the nesting of arrays and objects a body may have. Bodies
+// of OpenAI requests nest a handful of levels; the bound keeps a hostile
+// body from growing the stack without limit.
+const maxDepth = 512
+
+// errSyntax is wrapped by every syntax error so callers can classify them
+// as ErrMalformed without matching text.
+var errSyntax = errors.New("invalid JSON")
+
+// scanner walks a JSON document once, left to right. It validates what it
+// skips, so a body that parses is valid JSON, and it decodes only the
+// strings the caller asks for.
+type scanner struct {
+	b     []byte
+	i     int
+	depth int
+}
+
+func (s *scanner) errorf(format string, args ...any) error {
+	return fmt.Errorf("%w at byte %d: %s", errSyntax, s.i, fmt.Sprintf(format, args...))
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// peek returns the next non-space byte without consuming it, or 0 at the
+// end of input.
+func (s *scanner) peek() byte {
+	s.ws()
+	if s.i >= len(s.b) {
+		return 0
+	}
+	return s.b[s.i]
+}
+
+func (s *scanner) expect(c byte) error {
+	if s.peek() != c {
+		if s.i >= len(s.b) {
+			return s.errorf("unexpected end of input, want %q", c)
+		}
+		return s.errorf("unexpected %q, want %q", s.b[s.i], c)
+	}
+	s.i++
+	return nil
+}
+
+// object calls field for each member of the object at the cursor. field
+// must consume the member's value.
+func (s *scanner) object(field func(key []byte) error) error {
+	if err := s.expect('{'); err != nil {
+		return err
+	}
+	if s.depth++; s.depth > maxDepth {
+		return s.errorf("nesting deeper than %d", maxDepth)
+	}
+	defer func() { s.depth-- }()
+	if s.peek() == '}' {
+		s.i++
+		return nil
+	}
+	var keyBuf [64]byte
+	for {
+		if s.peek() != '"' {
+			return s.errorf("want an object key")
+		}
+		scratch := keyBuf[:0]
+		key, err := s.str(&scratch)
+		if err != nil {
+			return err
+		}
+		if err := s.expect(':'); err != nil {
+			return err
+		}
+		if err := field(key); err != nil {
+			return err
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return nil
+		default:
+			return s.errorf("want ',' or '}' after an object member")
+		}
+	}
+}
+
+// array calls elem for each element of the array at the cursor. elem must
+// consume the element.
+func (s *scanner) array(elem func() error) error {
+	if err := s.expect('['); err != nil {
+		return err
+	}
+	if s.depth++; s.depth > maxDepth {
+		return s.errorf("nesting deeper than %d", maxDepth)
+	}
+	defer func() { s.depth-- }()
+	if s.peek() == ']' {
+		s.i++
+		return nil
+	}
+	for {
+		if err := elem(); err != nil {
+			return err
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return nil
+		default:
+			return s.errorf("want ',' or ']' after an array element")
+		}
+	}
+}
+
+// skip consumes and validates one value of any type.
+func (s *scanner) skip() error {
+	switch c := s.peek(); {
+	case c == '{':
+		return s.object(func([]byte) error { return s.skip() })
+	case c == '[':
+		return s.array(s.skip)
+	case c == '"':
+		return s.skipString()
+	case c == '-' || (c >= '0' && c <= '9'):
+		_, err := s.number()
+		return err
+	case c == 't':
+		return s.literal("true")
+	case c == 'f':
+		return s.literal("false")
+	case c == 'n':
+		return s.literal("null")
+	case c == 0 && s.i >= len(s.b):
+		return s.errorf("unexpected end of input, want a value")
+	default:
+		return s.errorf("unexpected %q, want a value", c)
+	}
+}
+
+func (s *scanner) literal(word string) error {
+	s.ws()
+	if len(s.b)-s.i < len(word) || string(s.b[s.i:s.i+len(word)]) != word {
+		return s.errorf("invalid literal, want %s", word)
+	}
+	s.i += len(word)
+	return nil
+}
+
+// boolean consumes true or false.
+func (s *scanner) boolean() (bool, error) {
+	switch s.peek() {
+	case 't':
+		return true, s.literal("true")
+	case 'f':
+		return false, s.literal("false")
+	}
+	return false, s.errorf("want true or false")
+}
+
+// number consumes a JSON number and returns its text.
+func (s *scanner) number() ([]byte, error) {
+	s.ws()
+	start := s.i
+	if s.i < len(s.b) && s.b[s.i] == '-' {
+		s.i++
+	}
+	switch {
+	case s.i < len(s.b) && s.b[s.i] == '0':
+		s.i++
+	case s.i < len(s.b) && s.b[s.i] >= '1' && s.b[s.i] <= '9':
+		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+			s.i++
+		}
+	default:
+		return nil, s.errorf("invalid number")
+	}
+	if s.i < len(s.b) && s.b[s.i] == '.' {
+		s.i++
+		if !s.digits() {
+			return nil, s.errorf("invalid number: want a digit after '.'")
+		}
+	}
+	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
+		s.i++
+		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
+			s.i++
+		}
+		if !s.digits() {
+			return nil, s.errorf("invalid number: want a digit in the exponent")
+		}
+	}
+	return s.b[start:s.i], nil
+}
+
+func (s *scanner) digits() bool {
+	start := s.i
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		s.i++
+	}
+	return s.i > start
+}
+
+// skipString validates the string at the cursor without decoding it.
+func (s *scanner) skipString() error {
+	_, _, err := s.scanString(nil, false)
+	return err
+}
+
+// str decodes the string at the cursor. When the string is plain ASCII
+// without escapes the result aliases the input; otherwise it is decoded
+// into *scratch, which is grown as needed and reused by the next call.
+// Either way the result is valid only until the next call: callers that
+// keep the value must copy it.
+func (s *scanner) str(scratch *[]byte) ([]byte, error) {
+	v, decoded, err := s.scanString((*scratch)[:0], true)
+	if decoded {
+		*scratch = v[:0]
+	}
+	return v, err
+}
+
+// scanString consumes the string at the cursor. With decode, it returns the
+// decoded value: a slice of the input (decoded false) or dst grown (decoded
+// true).
+func (s *scanner) scanString(dst []byte, decode bool) (v []byte, decoded bool, err error) {
+	if err := s.expect('"'); err != nil {
+		return nil, false, err
+	}
+	start := s.i
+	// Fast path: plain ASCII without escapes.
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		if c == '"' {
+			s.i++
+			return s.b[start : s.i-1], false, nil
+		}
+		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+			break
+		}
+		s.i++
+	}
+	if decode {
+		dst = append(dst, s.b[start:s.i]...)
+	}
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		switch {
+		case c == '"':
+			s.i++
+			return dst, decode, nil
+		case c < 0x20:
+			return nil, false, s.errorf("control character 0x%02x in string", c)
+		case c == '\\':
+			r, err := s.escape()
+			if err != nil {
+				return nil, false, err
+			}
+			if decode {
+				dst = utf8.AppendRune(dst, r)
+			}
+		case c < utf8.RuneSelf:
+			if decode {
+				dst = append(dst, c)
+			}
+			s.i++
+		default:
+			// Invalid UTF-8 becomes U+FFFD, as encoding/json decodes it.
+			r, size := utf8.DecodeRune(s.b[s.i:])
+			if decode {
+				dst = utf8.AppendRune(dst, r)
+			}
+			s.i += size
+		}
+	}
+	return nil, false, s.errorf("unterminated string")
+}
+
+// escape consumes one backslash escape and returns the rune it stands for.
+func (s *scanner) escape() (rune, error) {
+	if s.i+1 >= len(s.b) {
+		return 0, s.errorf("unterminated escape")
+	}
+	c := s.b[s.i+1]
+	s.i += 2
+	switch c {
+	case '"', '\\', '/':
+		return rune(c), nil
+	case 'b':
+		return '\b', nil
+	case 'f':
+		return '\f', nil
+	case 'n':
+		return '\n', nil
+	case 'r':
+		return '\r', nil
+	case 't':
+		return '\t', nil
+	case 'u':
+		r, ok := s.hex4()
+		if !ok {
+			return 0, s.errorf("invalid \\u escape")
+		}
+		if utf16.IsSurrogate(r) {
+			// A high surrogate followed by a low one is one rune; anything
+			// else is U+FFFD, as encoding/json decodes it.
+			if s.i+1 < len(s.b) && s.b[s.i] == '\\' && s.b[s.i+1] == 'u' {
+				save := s.i
+				s.i += 2
+				if r2, ok := s.hex4(); ok {
+					if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+						return dec, nil
+					}
+				}
+				s.i = save
+			}
+			return utf8.RuneError, nil
+		}
+		return r, nil
+	}
+	s.i--
+	return 0, s.errorf("invalid escape '\\%c'", c)
+}
+
+func (s *scanner) hex4() (rune, bool) {
+	if len(s.b)-s.i < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range s.b[s.i : s.i+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	s.i += 4
+	return r, true
+}
