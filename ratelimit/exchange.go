@@ -1,0 +1,339 @@
+package ratelimit
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// The exchange. Every SyncInterval each instance folds the units attempted
+// against each limit into a demand estimate (units per second), gossips the
+// estimates, and sets its share of each limit to its demand over the sum of
+// every live instance's demand (each counted at least MinShare of the
+// limit). Local buckets then refill at share × rate. When all instances see
+// the same estimates the shares sum to exactly 1.
+//
+// The Limiter speaks the shape of a gossip channel: LocalState for
+// push/pull (every entry this instance knows, so state spreads through any
+// peer), Merge for whatever a peer sent, and Run to broadcast this
+// instance's own entry each interval. It imports no transport.
+
+// peer is what this instance knows of another.
+type peer struct {
+	seq     uint64
+	heard   time.Time // when the origin produced the entry, on our clock
+	leaving bool
+	demand  map[uint64]float64 // limit hash → units per second
+}
+
+// entry is one origin's report on the wire.
+type entry struct {
+	origin  string
+	seq     uint64
+	age     time.Duration // how long ago the sender heard it; 0 from the origin
+	leaving bool
+	demand  map[uint64]float64
+}
+
+const wireVersion = 1
+
+var errPayload = errors.New("ratelimit: malformed exchange payload")
+
+// appendEntry encodes one entry:
+//
+//	origin (uvarint length, bytes) · seq (uvarint) · age in ms (uvarint) ·
+//	flags (byte; 1 = leaving) · count (uvarint) · count × (hash u64le, demand f32le)
+func appendEntry(b []byte, e *entry) []byte {
+	b = binary.AppendUvarint(b, uint64(len(e.origin)))
+	b = append(b, e.origin...)
+	b = binary.AppendUvarint(b, e.seq)
+	b = binary.AppendUvarint(b, uint64(e.age/time.Millisecond))
+	var flags byte
+	if e.leaving {
+		flags = 1
+	}
+	b = append(b, flags)
+	b = binary.AppendUvarint(b, uint64(len(e.demand)))
+	for h, d := range e.demand {
+		b = binary.LittleEndian.AppendUint64(b, h)
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(d)))
+	}
+	return b
+}
+
+// decode parses a payload: version byte, entry count, entries.
+func decode(p []byte) ([]entry, error) {
+	if len(p) < 2 || p[0] != wireVersion {
+		return nil, fmt.Errorf("%w: bad version or too short (%d bytes)", errPayload, len(p))
+	}
+	p = p[1:]
+	uv := func() (uint64, error) {
+		v, n := binary.Uvarint(p)
+		if n <= 0 {
+			return 0, fmt.Errorf("%w: truncated varint", errPayload)
+		}
+		p = p[n:]
+		return v, nil
+	}
+	count, err := uv()
+	if err != nil {
+		return nil, err
+	}
+	if count > uint64(len(p)) {
+		return nil, fmt.Errorf("%w: %d entries in %d bytes", errPayload, count, len(p))
+	}
+	out := make([]entry, 0, count)
+	for range count {
+		var e entry
+		ln, err := uv()
+		if err != nil {
+			return nil, err
+		}
+		if ln == 0 || ln > uint64(len(p)) {
+			return nil, fmt.Errorf("%w: origin length %d", errPayload, ln)
+		}
+		e.origin = string(p[:ln])
+		p = p[ln:]
+		if e.seq, err = uv(); err != nil {
+			return nil, err
+		}
+		age, err := uv()
+		if err != nil {
+			return nil, err
+		}
+		e.age = time.Duration(min(age, uint64(math.MaxInt64/int64(time.Millisecond)))) * time.Millisecond
+		if len(p) < 1 {
+			return nil, fmt.Errorf("%w: truncated flags", errPayload)
+		}
+		e.leaving = p[0]&1 != 0
+		p = p[1:]
+		n, err := uv()
+		if err != nil {
+			return nil, err
+		}
+		if n > uint64(len(p))/12 {
+			return nil, fmt.Errorf("%w: %d demands in %d bytes", errPayload, n, len(p))
+		}
+		e.demand = make(map[uint64]float64, n)
+		for range n {
+			h := binary.LittleEndian.Uint64(p)
+			d := float64(math.Float32frombits(binary.LittleEndian.Uint32(p[8:])))
+			p = p[12:]
+			if math.IsNaN(d) || math.IsInf(d, 0) || d < 0 {
+				return nil, fmt.Errorf("%w: demand %v", errPayload, d)
+			}
+			e.demand[h] = d
+		}
+		out = append(out, e)
+	}
+	if len(p) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes", errPayload, len(p))
+	}
+	return out, nil
+}
+
+// LocalState returns every entry this instance holds that is still live:
+// its own and its peers', with their ages. It is the push/pull payload.
+func (l *Limiter) LocalState() []byte {
+	now := l.cfg.Now()
+	l.viewMu.Lock()
+	defer l.viewMu.Unlock()
+	b := []byte{wireVersion}
+	var count uint64
+	var body []byte
+	if l.own != nil {
+		body = append(body, l.own...)
+		count++
+	}
+	for origin, p := range l.peers {
+		age := now.Sub(p.heard)
+		if age > l.cfg.PeerTimeout {
+			continue
+		}
+		body = appendEntry(body, &entry{origin: origin, seq: p.seq, age: max(age, 0), leaving: p.leaving, demand: p.demand})
+		count++
+	}
+	b = binary.AppendUvarint(b, count)
+	return append(b, body...)
+}
+
+// Merge folds a peer's payload (a broadcast or a LocalState) into this
+// instance's view. from is the gossip sender and is informational: each
+// entry names its origin. Malformed payloads are counted and ignored.
+func (l *Limiter) Merge(from string, payload []byte) {
+	entries, err := decode(payload)
+	now := l.cfg.Now()
+	l.viewMu.Lock()
+	defer l.viewMu.Unlock()
+	if err != nil {
+		l.mergeErr = fmt.Errorf("from %s: %w", from, err)
+		l.metrics.exchangeErrors.Inc()
+		return
+	}
+	for i := range entries {
+		e := &entries[i]
+		if e.origin == l.cfg.Instance {
+			continue
+		}
+		p := l.peers[e.origin]
+		if p != nil && e.seq <= p.seq {
+			continue
+		}
+		heard := now.Add(-e.age)
+		if now.Sub(heard) > l.cfg.PeerTimeout {
+			continue
+		}
+		if p == nil {
+			p = &peer{}
+			l.peers[e.origin] = p
+		}
+		p.seq, p.heard, p.leaving, p.demand = e.seq, heard, e.leaving, e.demand
+		if !e.leaving {
+			l.heard = true
+		}
+	}
+}
+
+// initialShare is the share a limit starts with. Caller holds updateMu.
+func (l *Limiter) initialShare(now time.Time) float64 {
+	l.viewMu.Lock()
+	defer l.viewMu.Unlock()
+	live := 0
+	for _, p := range l.peers {
+		if !p.leaving && now.Sub(p.heard) <= l.cfg.PeerTimeout {
+			live++
+		}
+	}
+	switch {
+	case live > 0:
+		return 1 / float64(live+1)
+	case !l.heard && now.Sub(l.started) < l.cfg.Warmup:
+		return l.cfg.InitialShare
+	}
+	return 1
+}
+
+// Sync folds the demand measured since the last call into each limit's
+// estimate, recomputes every share from the current view, resizes the
+// local buckets and returns this instance's entry as a broadcast payload.
+// Run calls it every SyncInterval; tests with a fake clock call it directly.
+func (l *Limiter) Sync() []byte {
+	return l.SyncAt(l.cfg.Now())
+}
+
+// SyncAt is Sync at a given time.
+func (l *Limiter) SyncAt(now time.Time) []byte {
+	// updateMu keeps every tenant's set of limits fixed between the fold
+	// and the resize; Update is rare and neither is on the request path.
+	l.updateMu.Lock()
+	defer l.updateMu.Unlock()
+	ns := now.UnixNano()
+	tbl := *l.tenants.Load()
+	ts := make([]*tenant, 0, len(tbl))
+	for _, t := range tbl {
+		ts = append(ts, t)
+	}
+
+	dt := l.cfg.SyncInterval.Seconds()
+	if !l.lastSync.IsZero() && now.After(l.lastSync) {
+		dt = now.Sub(l.lastSync).Seconds()
+	}
+	l.lastSync = now
+	alpha := 1 - math.Exp(-dt/l.cfg.DemandTimeConstant.Seconds())
+
+	// Fold the demand measured since the last sync, under each tenant's lock.
+	own := &entry{origin: l.cfg.Instance, demand: map[uint64]float64{}}
+	var lims []*limit
+	for _, t := range ts {
+		t.mu.Lock()
+		for _, lim := range t.all {
+			sample := lim.pending / dt
+			lim.pending = 0
+			lim.demand += alpha * (sample - lim.demand)
+			if lim.demand < 0 {
+				lim.demand = 0
+			}
+			if lim.demand > 1e-9 {
+				own.demand[lim.hash] = lim.demand
+			}
+			lims = append(lims, lim)
+		}
+		t.mu.Unlock()
+	}
+
+	// Sum every live peer's weight for each of our limits.
+	l.viewMu.Lock()
+	l.seq = max(l.seq+1, uint64(ns))
+	own.seq, own.leaving = l.seq, l.leaving
+	l.own = appendEntry(l.own[:0], own)
+	var live []*peer
+	for origin, p := range l.peers {
+		switch age := now.Sub(p.heard); {
+		case age > 2*l.cfg.PeerTimeout:
+			delete(l.peers, origin)
+		case age <= l.cfg.PeerTimeout && !p.leaving:
+			live = append(live, p)
+		}
+	}
+	warming := len(live) == 0 && !l.heard && now.Sub(l.started) < l.cfg.Warmup
+	others := make([]float64, len(lims))
+	for i, lim := range lims {
+		floor := l.cfg.MinShare * lim.perSec
+		for _, p := range live {
+			others[i] += math.Max(p.demand[lim.hash], floor)
+		}
+	}
+	payload := append([]byte{wireVersion, 1}, l.own...)
+	l.viewMu.Unlock()
+
+	// Resize every local bucket to its new share.
+	i := 0
+	for _, t := range ts {
+		t.mu.Lock()
+		for _, lim := range t.all {
+			share := l.cfg.InitialShare
+			if !warming {
+				self := math.Max(lim.demand, l.cfg.MinShare*lim.perSec)
+				share = self / (self + others[i])
+			}
+			lim.share = share
+			lim.b.advance(ns)
+			lim.b.resize(lim.perSec*share, lim.burst*share)
+			lim.shareG.Set(share)
+			i++
+		}
+		t.mu.Unlock()
+	}
+	return payload
+}
+
+// Leave marks this instance as leaving and returns a payload that tells
+// peers to release its shares at once. Broadcast it before shutting down.
+func (l *Limiter) Leave() []byte {
+	l.viewMu.Lock()
+	l.leaving = true
+	l.viewMu.Unlock()
+	return l.Sync()
+}
+
+// Run calls Sync every SyncInterval and hands each payload to publish (for
+// example a gossip node's Broadcast for the Limiter's channel) until ctx is
+// done; it then publishes the leaving tombstone and returns ctx's error.
+// publish is called from Run's goroutine only and should not block for
+// long: a slow publish delays the next sync.
+func (l *Limiter) Run(ctx context.Context, publish func(payload []byte)) error {
+	tick := time.NewTicker(l.cfg.SyncInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			publish(l.Leave())
+			return ctx.Err()
+		case <-tick.C:
+			publish(l.Sync())
+		}
+	}
+}

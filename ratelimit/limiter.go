@@ -1,0 +1,533 @@
+package ratelimit
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/meridian-router/meridian/config"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Reasons a request is rejected: which of the tenant's limits ran out.
+const (
+	ReasonRequests      = "requests"
+	ReasonTokens        = "tokens"
+	ReasonModelRequests = "model_requests"
+	ReasonModelTokens   = "model_tokens"
+	ReasonBandRequests  = "band_requests"
+	ReasonBandTokens    = "band_tokens"
+)
+
+// Request is what one decision is about.
+type Request struct {
+	Tenant string
+	// Model is the target model after rewrites; per-model limits match it.
+	Model string
+	// Band is the priority band (config.BandCritical, ...); per-band limits
+	// match it. Empty means config.BandStandard.
+	Band string
+	// Tokens is the estimate charged to token limits at admission: prompt
+	// tokens plus the maximum output tokens. Negative counts as zero.
+	Tokens int64
+}
+
+// Decision is the answer for one request, with what Tier-2 needs to write
+// OpenAI's rate-limit headers and, on rejection, a 429 with Retry-After.
+type Decision struct {
+	Allowed bool
+	// Reason names the limit that rejected the request (one of the Reason
+	// constants); empty when Allowed.
+	Reason string
+	// RetryAfter is how long until every exhausted limit would admit this
+	// request, from the local buckets' refill rates. Zero when Allowed.
+	RetryAfter time.Duration
+	// Requests and Tokens describe the most constraining limit of each kind
+	// that applies to the request; Limit is zero when none does.
+	Requests Quota
+	Tokens   Quota
+	// Ticket reconciles the token estimate with real usage; pass it to
+	// Limiter.Settle exactly once when the response ends. Zero when no
+	// token limit applies or the request was rejected.
+	Ticket Ticket
+}
+
+// Quota is one limit as OpenAI's x-ratelimit-* headers describe it.
+type Quota struct {
+	// Limit is the configured global limit, in units per its period.
+	Limit int64
+	// Remaining estimates the units left globally: this instance's level
+	// divided by its share of the limit.
+	Remaining int64
+	// Reset is how long until the limit is back to its full burst.
+	Reset time.Duration
+}
+
+// Headers calls set for each of OpenAI's rate-limit headers the decision
+// carries, and for Retry-After (whole seconds, rounded up) when it is a
+// rejection. Tier-2 passes http.Header.Set.
+func (d *Decision) Headers(set func(key, value string)) {
+	if d.Requests.Limit > 0 {
+		set("x-ratelimit-limit-requests", strconv.FormatInt(d.Requests.Limit, 10))
+		set("x-ratelimit-remaining-requests", strconv.FormatInt(d.Requests.Remaining, 10))
+		set("x-ratelimit-reset-requests", formatReset(d.Requests.Reset))
+	}
+	if d.Tokens.Limit > 0 {
+		set("x-ratelimit-limit-tokens", strconv.FormatInt(d.Tokens.Limit, 10))
+		set("x-ratelimit-remaining-tokens", strconv.FormatInt(d.Tokens.Remaining, 10))
+		set("x-ratelimit-reset-tokens", formatReset(d.Tokens.Reset))
+	}
+	if !d.Allowed {
+		set("retry-after", strconv.FormatInt(retryAfterSeconds(d.RetryAfter), 10))
+	}
+}
+
+// formatReset writes a duration the way OpenAI does ("1s", "6m0s", "20ms"),
+// rounded up to the millisecond.
+func formatReset(d time.Duration) string {
+	if d <= 0 {
+		return "0s"
+	}
+	if r := d % time.Millisecond; r != 0 {
+		d += time.Millisecond - r
+	}
+	return d.String()
+}
+
+func retryAfterSeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	if s < 1 {
+		return 1
+	}
+	return s
+}
+
+// Ticket remembers which token buckets an admission charged and by how much.
+type Ticket struct {
+	t        *tenant
+	lims     [3]*limit
+	estimate float64
+}
+
+// Limiter decides, locally and without blocking on the network, whether a
+// tenant's request fits its global limits. It is safe for concurrent use.
+type Limiter struct {
+	cfg     Config
+	metrics *metrics
+	tenants atomic.Pointer[map[string]*tenant]
+
+	updateMu sync.Mutex // serialises Update
+
+	viewMu   sync.Mutex // guards the fields below
+	started  time.Time
+	heard    bool // some peer has reported since start
+	peers    map[string]*peer
+	seq      uint64
+	lastSync time.Time
+	own      []byte // this instance's last encoded entry
+	leaving  bool
+	mergeErr error // last payload that failed to decode, for tests
+}
+
+// New returns a Limiter with no tenants; call Update to give it limits.
+func New(cfg Config) (*Limiter, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{cfg: cfg, metrics: m, started: cfg.Now(), peers: map[string]*peer{}}
+	empty := map[string]*tenant{}
+	l.tenants.Store(&empty)
+	return l, nil
+}
+
+// kind is what a limit counts.
+type kind uint8
+
+const (
+	requests kind = iota
+	tokens
+)
+
+func (k kind) String() string {
+	if k == tokens {
+		return "tokens"
+	}
+	return "requests"
+}
+
+// tenant holds every limit of one tenant. It outlives config updates that
+// keep the tenant, so bucket state survives reloads.
+type tenant struct {
+	name string
+	mu   sync.Mutex // guards everything below
+
+	all      []*limit // every limit, in a stable order
+	byKey    map[string]*limit
+	overall  scope
+	models   map[string]scope
+	bands    [3]scope // indexed by bandIndex
+	admitted prometheus.Counter
+	usedReq  prometheus.Counter
+	usedTok  prometheus.Counter
+}
+
+// scope is the requests and tokens limits of one slice of a tenant's
+// traffic; either may be nil.
+type scope struct{ req, tok *limit }
+
+// limit is one global limit and this instance's slice of it.
+type limit struct {
+	key    string // stable name: tenant, scope, kind
+	hash   uint64 // xxhash of key: the limit's name on the wire
+	scope  string // "tenant", "model:<name>" or "band:<name>"
+	kind   kind
+	reason string
+
+	rate   config.Rate
+	perSec float64 // global units per second
+	burst  float64 // global burst, units
+
+	share   float64 // this instance's fraction of the limit
+	b       bucket
+	pending float64 // units attempted since the last sync
+	demand  float64 // EWMA of units attempted per second
+
+	rejected prometheus.Counter
+	shareG   prometheus.Gauge
+}
+
+func bandIndex(b string) int {
+	switch b {
+	case config.BandCritical:
+		return 0
+	case config.BandStandard, "":
+		return 1
+	case config.BandSheddable:
+		return 2
+	}
+	return -1
+}
+
+// Update replaces the tenants and their limits. Limits whose tenant, scope
+// and kind are unchanged keep their bucket level, share and demand even
+// when their rate changes; tenants and limits that disappear are dropped.
+// It checks every limit first and changes nothing on error.
+func (l *Limiter) Update(tenants map[string]*config.Tenant) error {
+	names := make([]string, 0, len(tenants))
+	for name, t := range tenants {
+		if t == nil {
+			return fmt.Errorf("ratelimit: tenants[%q]: nil tenant", name)
+		}
+		if err := validateLimits(t.Spec.Limits); err != nil {
+			return fmt.Errorf("ratelimit: tenants[%q]: %w", name, err)
+		}
+		names = append(names, name)
+	}
+	sort.Strings(names)
+
+	l.updateMu.Lock()
+	defer l.updateMu.Unlock()
+	now := l.cfg.Now()
+	initial := l.initialShare(now)
+	old := *l.tenants.Load()
+	next := make(map[string]*tenant, len(tenants))
+	for _, name := range names {
+		t := old[name]
+		if t == nil {
+			t = &tenant{
+				name:     name,
+				byKey:    map[string]*limit{},
+				admitted: l.metrics.admitted.WithLabelValues(name),
+				usedReq:  l.metrics.usage.WithLabelValues(name, "requests"),
+				usedTok:  l.metrics.usage.WithLabelValues(name, "tokens"),
+			}
+		}
+		l.apply(t, tenants[name].Spec.Limits, now.UnixNano(), initial)
+		next[name] = t
+	}
+	for name, t := range old {
+		if next[name] == nil {
+			l.metrics.forgetTenant(t)
+		}
+	}
+	l.tenants.Store(&next)
+	return nil
+}
+
+func validateLimits(tl config.TenantLimit) error {
+	check := func(path string, r *config.Rate) error {
+		if r == nil {
+			return nil
+		}
+		switch {
+		case r.Limit <= 0:
+			return fmt.Errorf("spec.limits.%s.limit: %d is not positive", path, r.Limit)
+		case r.Per <= 0:
+			return fmt.Errorf("spec.limits.%s.per: %v is not positive", path, r.Per.D())
+		case r.Burst < 0:
+			return fmt.Errorf("spec.limits.%s.burst: %d is negative", path, r.Burst)
+		}
+		return nil
+	}
+	if err := check("requests", tl.Requests); err != nil {
+		return err
+	}
+	if err := check("tokens", tl.Tokens); err != nil {
+		return err
+	}
+	for i, m := range tl.PerModel {
+		if m.Model == "" {
+			return fmt.Errorf("spec.limits.perModel[%d].model: required", i)
+		}
+		if err := check(fmt.Sprintf("perModel[%d].requests", i), m.Requests); err != nil {
+			return err
+		}
+		if err := check(fmt.Sprintf("perModel[%d].tokens", i), m.Tokens); err != nil {
+			return err
+		}
+	}
+	for i, b := range tl.PerBand {
+		if bandIndex(b.Band) < 0 || b.Band == "" {
+			return fmt.Errorf("spec.limits.perBand[%d].band: %q is not Critical, Standard or Sheddable", i, b.Band)
+		}
+		if err := check(fmt.Sprintf("perBand[%d].requests", i), b.Requests); err != nil {
+			return err
+		}
+		if err := check(fmt.Sprintf("perBand[%d].tokens", i), b.Tokens); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// apply rebuilds t's limits from tl, reusing limits by key.
+func (l *Limiter) apply(t *tenant, tl config.TenantLimit, now int64, initial float64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	keep := make(map[string]*limit, len(t.byKey))
+	var all []*limit
+	get := func(sc string, k kind, reason string, r *config.Rate) *limit {
+		if r == nil {
+			return nil
+		}
+		key := t.name + "\x00" + sc + "\x00" + k.String()
+		lim := t.byKey[key]
+		if lim == nil {
+			lim = &limit{
+				key: key, hash: xxhash.Sum64String(key), scope: sc, kind: k, reason: reason,
+				share:    initial,
+				rejected: l.metrics.rejected.WithLabelValues(t.name, reason),
+				shareG:   l.metrics.share.WithLabelValues(t.name, sc, k.String()),
+			}
+			lim.b.last = now
+			lim.setRate(*r)
+			lim.b.level = lim.b.burst
+		} else {
+			lim.b.advance(now)
+			lim.setRate(*r)
+		}
+		lim.shareG.Set(lim.share)
+		keep[key] = lim
+		all = append(all, lim)
+		return lim
+	}
+	t.overall = scope{
+		req: get("tenant", requests, ReasonRequests, tl.Requests),
+		tok: get("tenant", tokens, ReasonTokens, tl.Tokens),
+	}
+	t.models = make(map[string]scope, len(tl.PerModel))
+	for _, m := range tl.PerModel {
+		sc := "model:" + m.Model
+		t.models[m.Model] = scope{
+			req: get(sc, requests, ReasonModelRequests, m.Requests),
+			tok: get(sc, tokens, ReasonModelTokens, m.Tokens),
+		}
+	}
+	t.bands = [3]scope{}
+	for _, b := range tl.PerBand {
+		sc := "band:" + b.Band
+		t.bands[bandIndex(b.Band)] = scope{
+			req: get(sc, requests, ReasonBandRequests, b.Requests),
+			tok: get(sc, tokens, ReasonBandTokens, b.Tokens),
+		}
+	}
+	for key, lim := range t.byKey {
+		if keep[key] == nil {
+			l.metrics.forgetLimit(t.name, lim)
+		}
+	}
+	t.byKey, t.all = keep, all
+}
+
+// setRate applies a (new) global rate, keeping the share and the level.
+func (lim *limit) setRate(r config.Rate) {
+	lim.rate = r
+	lim.perSec = float64(r.Limit) / r.Per.D().Seconds()
+	lim.burst = float64(r.Burst)
+	if r.Burst == 0 {
+		lim.burst = float64(r.Limit)
+	}
+	lim.b.resize(lim.perSec*lim.share, lim.burst*lim.share)
+}
+
+// quota describes the limit for headers.
+func (lim *limit) quota() Quota {
+	q := Quota{Limit: lim.rate.Limit, Reset: lim.b.untilFull()}
+	if lim.share > 0 && lim.b.level > 0 {
+		q.Remaining = int64(math.Min(lim.b.level/lim.share, lim.burst))
+	}
+	return q
+}
+
+// Allow decides one request now. See AllowAt.
+func (l *Limiter) Allow(r Request) Decision {
+	return l.AllowAt(l.cfg.Now(), r)
+}
+
+// AllowAt decides one request at now. A tenant without limits, or unknown
+// to the Limiter, is allowed with empty quotas. Otherwise every limit that
+// applies (overall, the model's, the band's; requests and tokens) must have
+// room, and an admission charges one request and r.Tokens tokens to each.
+// It takes one tenant-wide lock and never allocates or blocks on I/O.
+func (l *Limiter) AllowAt(now time.Time, r Request) Decision {
+	t := (*l.tenants.Load())[r.Tenant]
+	if t == nil {
+		return Decision{Allowed: true}
+	}
+	ns := now.UnixNano()
+	est := float64(r.Tokens)
+	if est < 0 {
+		est = 0
+	}
+
+	t.mu.Lock()
+	var set [6]*limit
+	n := 0
+	add := func(s scope) {
+		if s.req != nil {
+			set[n] = s.req
+			n++
+		}
+		if s.tok != nil {
+			set[n] = s.tok
+			n++
+		}
+	}
+	add(t.overall)
+	if len(t.models) > 0 {
+		if s, ok := t.models[r.Model]; ok {
+			add(s)
+		}
+	}
+	if i := bandIndex(r.Band); i >= 0 {
+		add(t.bands[i])
+	}
+
+	var d Decision
+	var rejected *limit
+	for _, lim := range set[:n] {
+		units := 1.0
+		if lim.kind == tokens {
+			units = est
+		}
+		lim.b.advance(ns)
+		lim.pending += units
+		if !lim.b.fits(units) {
+			if rejected == nil {
+				rejected = lim
+			}
+			if w := lim.b.wait(units); w > d.RetryAfter {
+				d.RetryAfter = w
+			}
+		}
+	}
+	d.Allowed = rejected == nil
+	if d.Allowed {
+		d.RetryAfter = 0
+		d.Ticket.t, d.Ticket.estimate = t, est
+		nt := 0
+		for _, lim := range set[:n] {
+			if lim.kind == tokens {
+				lim.b.level -= est
+				d.Ticket.lims[nt] = lim
+				nt++
+			} else {
+				lim.b.level--
+			}
+		}
+		if nt == 0 {
+			d.Ticket = Ticket{}
+		}
+	} else {
+		d.Reason = rejected.reason
+	}
+	for _, lim := range set[:n] {
+		q := lim.quota()
+		p := &d.Requests
+		if lim.kind == tokens {
+			p = &d.Tokens
+		}
+		if p.Limit == 0 || q.Remaining < p.Remaining {
+			*p = q
+		}
+	}
+	t.mu.Unlock()
+
+	if d.Allowed {
+		t.admitted.Inc()
+		if n > 0 {
+			t.usedReq.Inc()
+		}
+	} else {
+		rejected.rejected.Inc()
+	}
+	return d
+}
+
+// Settle reconciles an admission's token estimate with the tokens it really
+// used (prompt plus completion from the response's usage; for a stream cut
+// short, the prompt plus the tokens delivered before the cut). The
+// difference is returned to, or further charged to, every token bucket the
+// admission charged, so the tokens budget tracks real usage and does not
+// drift. Call it exactly once per admitted Decision; a zero Ticket is a
+// no-op. Negative used counts as zero.
+func (l *Limiter) Settle(tk Ticket, used int64) {
+	l.SettleAt(l.cfg.Now(), tk, used)
+}
+
+// SettleAt is Settle at a given time.
+func (l *Limiter) SettleAt(now time.Time, tk Ticket, used int64) {
+	if tk.t == nil {
+		return
+	}
+	u := float64(used)
+	if u < 0 {
+		u = 0
+	}
+	delta := tk.estimate - u // positive: refund
+	ns := now.UnixNano()
+	tk.t.mu.Lock()
+	for _, lim := range tk.lims {
+		if lim == nil {
+			break
+		}
+		lim.b.advance(ns)
+		lim.b.level += delta
+		if lim.b.level > lim.b.burst {
+			lim.b.level = lim.b.burst
+		}
+		lim.pending -= delta
+	}
+	tk.t.mu.Unlock()
+	tk.t.usedTok.Add(u)
+}
