@@ -1,0 +1,336 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// PodSpec describes live pods to start with StartPods.
+type PodSpec struct {
+	// Pod is the template of every pod. Its Name is the prefix of the pod
+	// names ("<name>-0", "<name>-1", ...); "" means the profile name.
+	Pod PodConfig
+	// Host is the address to listen on; "" means 127.0.0.1.
+	Host string
+	// BasePort is the first port; pod i listens on BasePort+i. 0 means an
+	// ephemeral port per pod (what tests want).
+	BasePort int
+	// TimeScale is model seconds per wall-clock second: 10 runs the model
+	// ten times faster than real time. 0 means 1. Latency histograms and
+	// Outcome times are in model time.
+	TimeScale float64
+	// Metrics selects the metric names exposed on /metrics; "" means vLLM's.
+	Metrics MetricNames
+	// ConstLabels are added to every metric on /metrics (e.g. a pod label
+	// so several pods can share one Prometheus job in a demo).
+	ConstLabels map[string]string
+	// DefaultMaxTokens is the output length of a request that sets no
+	// max_tokens; 0 means 64. A request that sets it generates exactly
+	// that many tokens (finish_reason "length"), as with ignore_eos.
+	DefaultMaxTokens int
+}
+
+// LivePod is one simulated model server: an HTTP server on its own port
+// speaking the OpenAI API as vLLM does, backed by a Pod driven on the wall
+// clock by its own goroutine.
+type LivePod struct {
+	pod     *Pod
+	spec    PodSpec
+	scale   float64
+	start   time.Time
+	ln      net.Listener
+	srv     *http.Server
+	metrics *podCollector
+
+	mu      sync.Mutex // guards pod and every liveRequest's progress fields
+	lastEnd time.Duration
+	nextID  uint64
+
+	kick      chan struct{} // wakes the driver when work arrives or faults change
+	stop      context.CancelFunc
+	stopping  <-chan struct{} // closed when Close begins
+	driven    chan struct{}   // closed when the driver has exited
+	closeOnce sync.Once
+}
+
+// liveRequest is one HTTP request inside a live pod. Its progress fields
+// are written by the driver under LivePod.mu.
+type liveRequest struct {
+	req    Request
+	notify chan struct{} // capacity 1: "progress changed"
+	tokens int
+	done   bool
+	out    Outcome
+}
+
+// StartPods starts k live pods from spec, all or nothing. The pods stop
+// when ctx is done or when each is closed.
+func StartPods(ctx context.Context, spec PodSpec, k int) ([]*LivePod, error) {
+	if k < 1 {
+		return nil, fmt.Errorf("sim: StartPods: k = %d, want at least 1", k)
+	}
+	prefix := spec.Pod.Name
+	if prefix == "" {
+		prefix = spec.Pod.Profile.Name
+	}
+	var pods []*LivePod
+	for i := 0; i < k; i++ {
+		s := spec
+		s.Pod.Name = prefix + "-" + strconv.Itoa(i)
+		s.Pod.Seed = spec.Pod.Seed + uint64(i)
+		port := 0
+		if spec.BasePort != 0 {
+			port = spec.BasePort + i
+		}
+		lp, err := StartPod(ctx, s, port)
+		if err != nil {
+			for _, p := range pods {
+				p.Close()
+			}
+			return nil, err
+		}
+		pods = append(pods, lp)
+	}
+	return pods, nil
+}
+
+// StartPod starts one live pod listening on spec.Host:port (0 for an
+// ephemeral port). spec.Pod.Name is used as is.
+func StartPod(ctx context.Context, spec PodSpec, port int) (*LivePod, error) {
+	pod, err := NewPod(spec.Pod)
+	if err != nil {
+		return nil, err
+	}
+	names, err := ParseMetricNames(string(spec.Metrics))
+	if err != nil {
+		return nil, err
+	}
+	if spec.TimeScale < 0 {
+		return nil, fmt.Errorf("sim: time scale %v is negative", spec.TimeScale)
+	}
+	if spec.DefaultMaxTokens < 0 {
+		return nil, fmt.Errorf("sim: default max tokens %d is negative", spec.DefaultMaxTokens)
+	}
+	host := spec.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return nil, fmt.Errorf("sim: pod %s: %w", spec.Pod.Name, err)
+	}
+	dctx, stop := context.WithCancel(context.Background())
+	lp := &LivePod{
+		pod:      pod,
+		spec:     spec,
+		scale:    spec.TimeScale,
+		start:    time.Now(),
+		ln:       ln,
+		kick:     make(chan struct{}, 1),
+		stop:     stop,
+		stopping: dctx.Done(),
+		driven:   make(chan struct{}),
+	}
+	if lp.scale == 0 {
+		lp.scale = 1
+	}
+	reg := prometheus.NewRegistry()
+	lp.metrics = newPodCollector(lp, names, spec.ConstLabels)
+	if err := reg.Register(lp.metrics); err != nil {
+		ln.Close()
+		stop()
+		return nil, fmt.Errorf("sim: pod %s: metrics: %w", spec.Pod.Name, err)
+	}
+	lp.srv = &http.Server{
+		Handler:           lp.routes(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go lp.drive(dctx)
+	go lp.srv.Serve(ln)
+	context.AfterFunc(ctx, func() { lp.Close() })
+	return lp, nil
+}
+
+// Name is the pod's name.
+func (lp *LivePod) Name() string { return lp.pod.Name() }
+
+// Addr is the pod's host:port.
+func (lp *LivePod) Addr() string { return lp.ln.Addr().String() }
+
+// URL is the pod's base URL, e.g. "http://127.0.0.1:41234".
+func (lp *LivePod) URL() string { return "http://" + lp.Addr() }
+
+// Model is the served base model name.
+func (lp *LivePod) Model() string { return lp.pod.Model() }
+
+// Labels are the pod's labels from its configuration.
+func (lp *LivePod) Labels() map[string]string { return lp.pod.cfg.Labels }
+
+// Config is the pod's configuration.
+func (lp *LivePod) Config() PodConfig { return lp.pod.Config() }
+
+// Metrics returns a snapshot of the pod's state.
+func (lp *LivePod) Metrics() Metrics {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	return lp.pod.Metrics()
+}
+
+// Faults returns the faults in force.
+func (lp *LivePod) Faults() Faults {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	return lp.pod.Faults()
+}
+
+// SetFaults replaces the faults in force, effective from the next request
+// (rates) or the next step (slowness, hang, crash).
+func (lp *LivePod) SetFaults(f Faults) error {
+	lp.mu.Lock()
+	err := lp.pod.SetFaults(f)
+	lp.mu.Unlock()
+	lp.wake()
+	return err
+}
+
+// Close stops the pod: the listener and every connection close at once,
+// in-flight streams are cut, and the driver exits. It is safe to call more
+// than once.
+func (lp *LivePod) Close() error {
+	var err error
+	lp.closeOnce.Do(func() {
+		lp.stop()
+		err = lp.srv.Close()
+		<-lp.driven
+	})
+	return err
+}
+
+func (lp *LivePod) wake() {
+	select {
+	case lp.kick <- struct{}{}:
+	default:
+	}
+}
+
+// now is model time: wall time since start × scale, never before the end
+// of the last step.
+func (lp *LivePod) now() time.Duration {
+	return max(time.Duration(float64(time.Since(lp.start))*lp.scale), lp.lastEnd)
+}
+
+// drive runs engine steps on the wall clock: each step's model duration is
+// slept (divided by the time scale) before its progress is applied, like
+// a GPU busy for that long.
+func (lp *LivePod) drive(ctx context.Context) {
+	defer close(lp.driven)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		lp.mu.Lock()
+		begin := lp.now()
+		d, ok := lp.pod.BeginStep(begin)
+		lp.mu.Unlock()
+		if !ok {
+			select {
+			case <-ctx.Done():
+				return
+			case <-lp.kick:
+				continue
+			}
+		}
+		end := begin + d
+		if wait := time.Until(lp.start.Add(time.Duration(float64(end) / lp.scale))); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+		}
+		lp.mu.Lock()
+		lp.lastEnd = max(lp.lastEnd, end)
+		lp.dispatch(lp.pod.EndStep(end))
+		lp.mu.Unlock()
+	}
+}
+
+// dispatch hands events to their waiting handlers. Called with mu held.
+func (lp *LivePod) dispatch(evs []Event) {
+	for i := range evs {
+		ev := &evs[i]
+		lr, ok := ev.Tag.(*liveRequest)
+		if !ok {
+			continue
+		}
+		lr.tokens = ev.Tokens
+		if ev.Kind != EventToken {
+			lr.done = true
+			lr.out = ev.Outcome
+			lp.metrics.observe(&ev.Outcome)
+		}
+		select {
+		case lr.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// submit queues a request; the error is the pod's refusal.
+func (lp *LivePod) submit(lr *liveRequest, stream bool) error {
+	lp.mu.Lock()
+	lp.nextID++
+	lr.req.ID = lp.pod.Name() + "-" + strconv.FormatUint(lp.nextID, 10)
+	err := lp.pod.Submit(lp.now(), &lr.req, lr)
+	if err == nil && stream {
+		lp.pod.watch(&lr.req)
+	}
+	lp.mu.Unlock()
+	if err == nil {
+		lp.wake()
+	}
+	return err
+}
+
+// progress reads a request's progress.
+func (lp *LivePod) progress(lr *liveRequest) (tokens int, done bool, out Outcome) {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	return lr.tokens, lr.done, lr.out
+}
+
+// cancel withdraws a request whose client went away.
+func (lp *LivePod) cancel(lr *liveRequest) {
+	lp.mu.Lock()
+	evs, _ := lp.pod.Cancel(lp.now(), &lr.req)
+	lp.dispatch(evs)
+	lp.mu.Unlock()
+}
+
+// wait blocks until the request makes progress; it returns errClientGone
+// or errPodStopped if that happens first.
+func (lp *LivePod) wait(ctx context.Context, lr *liveRequest) error {
+	select {
+	case <-lr.notify:
+		return nil
+	case <-ctx.Done():
+		return errClientGone
+	case <-lp.stopping:
+		return errPodStopped
+	}
+}
+
+var (
+	errClientGone = errors.New("client went away")
+	errPodStopped = errors.New("pod stopped")
+)

@@ -1,0 +1,476 @@
+package sim
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// CharsPerToken is how many prompt characters a live pod counts as one
+// token. Prefix blocks are BlockSize×CharsPerToken characters of prompt
+// text, so repeated prompts hit the pod's prefix cache.
+const CharsPerToken = 4
+
+// maxBodyBytes bounds a request body.
+const maxBodyBytes = 32 << 20
+
+func (lp *LivePod) routes(metrics http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", lp.handleChat)
+	mux.HandleFunc("POST /v1/completions", lp.handleCompletions)
+	mux.HandleFunc("GET /v1/models", lp.handleModels)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("GET /sim/faults", lp.handleGetFaults)
+	mux.HandleFunc("PUT /sim/faults", lp.handlePutFaults)
+	mux.HandleFunc("POST /sim/faults", lp.handlePutFaults)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// apiError is the OpenAI error body: {"error":{"message","type","code"}}.
+type apiError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    int    `json:"code"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, typ, msg string) {
+	var e apiError
+	e.Error.Message, e.Error.Type, e.Error.Code = msg, typ, status
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(e)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+// completionBody holds the fields of /v1/completions and
+// /v1/chat/completions the simulator reads; others are ignored.
+type completionBody struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	N                   *int            `json:"n"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// request is a parsed API call.
+type request struct {
+	chat         bool
+	model        string // as the client named it (base model or adapter)
+	adapter      string
+	text         string // prompt text the token count and block hashes come from
+	promptTokens int    // set when the prompt was given as token ids
+	maxTokens    int
+	limited      bool // max_tokens was set: finish_reason "length"
+	stream       bool
+	includeUsage bool
+}
+
+// parse decodes and validates a body; the error is a 400 or 404 already
+// classified by status.
+func (lp *LivePod) parse(w http.ResponseWriter, r *http.Request, chat bool) (*request, int, error) {
+	var b completionBody
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err := dec.Decode(&b); err != nil {
+		return nil, http.StatusBadRequest, fmt.Errorf("invalid JSON body: %v", err)
+	}
+	req := &request{chat: chat, model: b.Model, stream: b.Stream}
+	switch {
+	case b.Model == "" || b.Model == lp.pod.Model():
+		req.model = lp.pod.Model()
+	case lp.pod.HasAdapter(b.Model):
+		req.adapter = b.Model
+	default:
+		return nil, http.StatusNotFound, fmt.Errorf("The model `%s` does not exist.", b.Model)
+	}
+	if b.N != nil && *b.N != 1 {
+		return nil, http.StatusBadRequest, fmt.Errorf("n = %d is not supported by the simulator; use n = 1", *b.N)
+	}
+	if b.StreamOptions != nil {
+		if !b.Stream {
+			return nil, http.StatusBadRequest, errors.New("stream_options is only allowed when stream is true")
+		}
+		req.includeUsage = b.StreamOptions.IncludeUsage
+	}
+	max := b.MaxTokens
+	if b.MaxCompletionTokens != nil {
+		max = b.MaxCompletionTokens
+	}
+	switch {
+	case max == nil:
+		req.maxTokens = lp.spec.DefaultMaxTokens
+		if req.maxTokens == 0 {
+			req.maxTokens = 64
+		}
+	case *max < 1:
+		return nil, http.StatusBadRequest, fmt.Errorf("max_tokens must be at least 1, got %d", *max)
+	default:
+		req.maxTokens, req.limited = *max, true
+	}
+	var err error
+	if chat {
+		err = req.chatText(b.Messages)
+	} else {
+		err = req.promptText(b.Prompt)
+	}
+	if err != nil {
+		return nil, http.StatusBadRequest, err
+	}
+	return req, 0, nil
+}
+
+func (req *request) chatText(msgs []chatMessage) error {
+	if len(msgs) == 0 {
+		return errors.New("messages: at least one message is required")
+	}
+	var sb strings.Builder
+	for i, m := range msgs {
+		if m.Role == "" {
+			return fmt.Errorf("messages[%d].role: required", i)
+		}
+		sb.WriteString(m.Role)
+		sb.WriteString("\n")
+		var s string
+		var parts []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		switch {
+		case len(m.Content) == 0 || string(m.Content) == "null":
+		case json.Unmarshal(m.Content, &s) == nil:
+			sb.WriteString(s)
+		case json.Unmarshal(m.Content, &parts) == nil:
+			for _, p := range parts {
+				sb.WriteString(p.Text)
+			}
+		default:
+			return fmt.Errorf("messages[%d].content: want a string or an array of content parts", i)
+		}
+		sb.WriteString("\n")
+	}
+	req.text = sb.String()
+	return nil
+}
+
+func (req *request) promptText(raw json.RawMessage) error {
+	var s string
+	var ss []string
+	var ids []int
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+		return errors.New("prompt: required")
+	case json.Unmarshal(raw, &s) == nil:
+		req.text = s
+	case json.Unmarshal(raw, &ss) == nil:
+		if len(ss) != 1 {
+			return fmt.Errorf("prompt: %d prompts in one request are not supported by the simulator; send one", len(ss))
+		}
+		req.text = ss[0]
+	case json.Unmarshal(raw, &ids) == nil:
+		req.promptTokens = len(ids)
+	default:
+		return errors.New("prompt: want a string, an array of one string, or an array of token ids")
+	}
+	if req.text == "" && req.promptTokens == 0 {
+		return errors.New("prompt: empty")
+	}
+	return nil
+}
+
+// modelRequest turns the API call into the model's token view: ~4
+// characters a token, and one chained hash per full block of prompt text
+// (salted with the adapter, as vLLM salts block hashes with the LoRA id).
+func (lp *LivePod) modelRequest(req *request) Request {
+	bs := lp.pod.prof.BlockSize
+	r := Request{OutputTokens: req.maxTokens, Adapter: req.adapter, HashBlockTokens: bs}
+	if req.promptTokens > 0 {
+		r.PromptTokens = req.promptTokens
+		return r
+	}
+	r.PromptTokens = max(1, (len(req.text)+CharsPerToken-1)/CharsPerToken)
+	chunk := bs * CharsPerToken
+	var prev [8]byte
+	binary.LittleEndian.PutUint64(prev[:], xxhash.Sum64String(lp.pod.Model()+"\x00"+req.adapter))
+	for i := 0; i+chunk <= len(req.text); i += chunk {
+		d := xxhash.New()
+		d.Write(prev[:])
+		d.WriteString(req.text[i : i+chunk])
+		h := d.Sum64()
+		r.PrefixHashes = append(r.PrefixHashes, h)
+		binary.LittleEndian.PutUint64(prev[:], h)
+	}
+	return r
+}
+
+func (lp *LivePod) handleChat(w http.ResponseWriter, r *http.Request)        { lp.serve(w, r, true) }
+func (lp *LivePod) handleCompletions(w http.ResponseWriter, r *http.Request) { lp.serve(w, r, false) }
+
+func (lp *LivePod) serve(w http.ResponseWriter, r *http.Request, chat bool) {
+	req, status, err := lp.parse(w, r, chat)
+	if err != nil {
+		typ := "BadRequestError"
+		if status == http.StatusNotFound {
+			typ = "NotFoundError"
+		}
+		writeError(w, status, typ, err.Error())
+		return
+	}
+	lr := &liveRequest{req: lp.modelRequest(req), notify: make(chan struct{}, 1)}
+	if err := lp.submit(lr, req.stream); err != nil {
+		switch {
+		case errors.Is(err, ErrRateLimited):
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusTooManyRequests, "RateLimitError", err.Error())
+		case errors.Is(err, ErrServerError):
+			writeError(w, http.StatusInternalServerError, "InternalServerError", err.Error())
+		case errors.Is(err, ErrUnknownAdapter):
+			writeError(w, http.StatusNotFound, "NotFoundError", err.Error())
+		default:
+			writeError(w, http.StatusBadRequest, "BadRequestError", err.Error())
+		}
+		return
+	}
+	created := time.Now().Unix()
+	id := "cmpl-" + lr.req.ID
+	if chat {
+		id = "chatcmpl-" + lr.req.ID
+	}
+	if req.stream {
+		lp.stream(w, r, req, lr, id, created)
+		return
+	}
+	for {
+		if err := lp.wait(r.Context(), lr); err != nil {
+			lp.cancel(lr)
+			if errors.Is(err, errPodStopped) {
+				panic(http.ErrAbortHandler)
+			}
+			return
+		}
+		if _, done, out := lp.progress(lr); done {
+			if out.Err != nil {
+				// A crash: the server dies without answering.
+				panic(http.ErrAbortHandler)
+			}
+			writeJSON(w, lp.final(req, id, created, &out))
+			return
+		}
+	}
+}
+
+func (lp *LivePod) final(req *request, id string, created int64, out *Outcome) map[string]any {
+	text := tokenText(0, out.OutputTokens)
+	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": finishReason(req)}
+	object := "text_completion"
+	if req.chat {
+		object = "chat.completion"
+		choice["message"] = map[string]any{"role": "assistant", "content": text}
+	} else {
+		choice["text"] = text
+	}
+	return map[string]any{
+		"id": id, "object": object, "created": created, "model": req.model,
+		"choices": []any{choice},
+		"usage":   usage(out),
+	}
+}
+
+func finishReason(req *request) string {
+	if req.limited {
+		return "length"
+	}
+	return "stop"
+}
+
+func usage(out *Outcome) map[string]any {
+	return map[string]any{
+		"prompt_tokens":         out.Request.PromptTokens,
+		"completion_tokens":     out.OutputTokens,
+		"total_tokens":          out.Request.PromptTokens + out.OutputTokens,
+		"prompt_tokens_details": map[string]any{"cached_tokens": out.CachedTokens},
+	}
+}
+
+// stream answers with server-sent events: a role chunk (chat), one chunk
+// per step's new tokens, a chunk with finish_reason, a usage chunk if asked
+// for, and [DONE]. A crash cuts the connection without the final chunks.
+func (lp *LivePod) stream(w http.ResponseWriter, r *http.Request, req *request, lr *liveRequest, id string, created int64) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	bw := bufio.NewWriter(w)
+	object := "text_completion"
+	if req.chat {
+		object = "chat.completion.chunk"
+	}
+	send := func(choices []any, extra map[string]any) {
+		ev := map[string]any{"id": id, "object": object, "created": created, "model": req.model, "choices": choices}
+		for k, v := range extra {
+			ev[k] = v
+		}
+		b, _ := json.Marshal(ev)
+		bw.WriteString("data: ")
+		bw.Write(b)
+		bw.WriteString("\n\n")
+	}
+	choice := func(text string, finish any, role bool) []any {
+		c := map[string]any{"index": 0, "logprobs": nil, "finish_reason": finish}
+		if req.chat {
+			delta := map[string]any{}
+			if role {
+				delta["role"] = "assistant"
+			}
+			if text != "" || role {
+				delta["content"] = text
+			}
+			c["delta"] = delta
+		} else {
+			c["text"] = text
+		}
+		return []any{c}
+	}
+	flush := func() error {
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	if req.chat {
+		send(choice("", nil, true), nil)
+		if flush() != nil {
+			lp.cancel(lr)
+			return
+		}
+	}
+	sent := 0
+	for {
+		if err := lp.wait(r.Context(), lr); err != nil {
+			lp.cancel(lr)
+			if errors.Is(err, errPodStopped) {
+				panic(http.ErrAbortHandler)
+			}
+			return
+		}
+		tokens, done, out := lp.progress(lr)
+		if tokens > sent {
+			send(choice(tokenText(sent, tokens), nil, false), nil)
+			sent = tokens
+		}
+		if done && out.Err != nil {
+			flush()
+			panic(http.ErrAbortHandler) // crash mid-stream: no final chunk, no [DONE]
+		}
+		if done {
+			send(choice("", finishReason(req), false), nil)
+			if req.includeUsage {
+				send([]any{}, map[string]any{"usage": usage(&out)})
+			}
+			bw.WriteString("data: [DONE]\n\n")
+			flush()
+			return
+		}
+		if flush() != nil {
+			lp.cancel(lr)
+			return
+		}
+	}
+}
+
+// words are the simulated output; token i is words[i%len(words)].
+var words = []string{" The", " sim", "ulated", " model", " is", " answering", " your", " request", "."}
+
+// tokenText is the text of output tokens [from, to).
+func tokenText(from, to int) string {
+	var sb strings.Builder
+	for i := from; i < to; i++ {
+		sb.WriteString(words[i%len(words)])
+	}
+	return sb.String()
+}
+
+func (lp *LivePod) handleModels(w http.ResponseWriter, r *http.Request) {
+	created := lp.start.Unix()
+	model := lp.pod.Model()
+	data := []any{map[string]any{
+		"id": model, "object": "model", "created": created, "owned_by": "vllm",
+		"root": model, "parent": nil, "max_model_len": lp.pod.prof.MaxModelLen,
+	}}
+	for _, a := range lp.pod.cfg.Adapters {
+		data = append(data, map[string]any{
+			"id": a, "object": "model", "created": created, "owned_by": "vllm",
+			"root": a, "parent": model, "max_model_len": lp.pod.prof.MaxModelLen,
+		})
+	}
+	writeJSON(w, map[string]any{"object": "list", "data": data})
+}
+
+func (lp *LivePod) handleGetFaults(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, lp.Faults())
+}
+
+// handlePutFaults replaces the pod's faults with the JSON body, e.g.
+// {"errorRate":0.1,"slowFactor":3}; an empty object clears them.
+func (lp *LivePod) handlePutFaults(w http.ResponseWriter, r *http.Request) {
+	var f Faults
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "faults: "+err.Error())
+		return
+	}
+	if err := lp.SetFaults(f); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", err.Error())
+		return
+	}
+	writeJSON(w, f)
+}
+
+// String describes the pod for logs and the sim command's listing.
+func (lp *LivePod) String() string {
+	return fmt.Sprintf("%s %s model=%s adapters=%s labels=%s", lp.Name(), lp.URL(), lp.Model(),
+		strings.Join(lp.pod.cfg.Adapters, ","), formatLabels(lp.Labels()))
+}
+
+func formatLabels(l map[string]string) string {
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + strconv.Quote(l[k])
+	}
+	return strings.Join(parts, ",")
+}
