@@ -1,0 +1,455 @@
+package gossip_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meridian-router/meridian/tier2/gossip"
+	"github.com/meridian-router/meridian/tier2/gossip/gossiptest"
+)
+
+// set is a grow-only set of strings: the simplest Channel that converges
+// both by broadcast (one item) and by push/pull (all items, one per line).
+// It also counts members through MemberObserver.
+type set struct {
+	mu      sync.Mutex
+	items   map[string]time.Time
+	waiters map[string][]chan struct{}
+	members map[string]bool
+	mwait   []memberWaiter
+}
+
+type memberWaiter struct {
+	cond func(map[string]bool) bool
+	ch   chan struct{}
+}
+
+func newSet() *set {
+	return &set{items: map[string]time.Time{}, waiters: map[string][]chan struct{}{}, members: map[string]bool{}}
+}
+
+func (s *set) LocalState() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := make([]string, 0, len(s.items))
+	for k := range s.items {
+		keys = append(keys, k)
+	}
+	return []byte(strings.Join(keys, "\n"))
+}
+
+func (s *set) Merge(_ string, payload []byte) {
+	if len(payload) == 0 {
+		return
+	}
+	for _, item := range strings.Split(string(payload), "\n") {
+		s.Add(item)
+	}
+}
+
+func (s *set) Add(item string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.items[item]; ok {
+		return
+	}
+	s.items[item] = time.Now()
+	for _, ch := range s.waiters[item] {
+		close(ch)
+	}
+	delete(s.waiters, item)
+}
+
+// Has reports whether item arrived, and when.
+func (s *set) Has(item string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.items[item]
+	return at, ok
+}
+
+// Wait returns a channel closed once item is present.
+func (s *set) Wait(item string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := make(chan struct{})
+	if _, ok := s.items[item]; ok {
+		close(ch)
+		return ch
+	}
+	s.waiters[item] = append(s.waiters[item], ch)
+	return ch
+}
+
+func (s *set) MemberJoined(m gossip.Member) { s.memberEvent(m.Name, true) }
+func (s *set) MemberLeft(name string)       { s.memberEvent(name, false) }
+
+func (s *set) memberEvent(name string, alive bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.members[name] = alive
+	kept := s.mwait[:0]
+	for _, w := range s.mwait {
+		if w.cond(s.members) {
+			close(w.ch)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	s.mwait = kept
+}
+
+// WaitMembers returns a channel closed once cond holds over the members
+// this node has seen (name → alive).
+func (s *set) WaitMembers(cond func(map[string]bool) bool) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := make(chan struct{})
+	if cond(s.members) {
+		close(ch)
+	} else {
+		s.mwait = append(s.mwait, memberWaiter{cond, ch})
+	}
+	return ch
+}
+
+func alive(names ...string) func(map[string]bool) bool {
+	return func(m map[string]bool) bool {
+		for _, n := range names {
+			if !m[n] {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+func gone(names ...string) func(map[string]bool) bool {
+	return func(m map[string]bool) bool {
+		for _, n := range names {
+			if a, seen := m[n]; !seen || a {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// bound is how long a test waits for something that should take well under
+// a second: a deadline for failing, not a timing assertion.
+const bound = 20 * time.Second
+
+func await(t testing.TB, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(bound):
+		t.Fatalf("gave up after %v waiting for %s", bound, what)
+	}
+}
+
+type cluster struct {
+	net   *gossiptest.Network
+	nodes []*gossip.Node
+	sets  []*set
+	names []string
+}
+
+// startCluster starts n nodes; regions[i%len(regions)] is node i's Region.
+func startCluster(t testing.TB, n int, regions []string, tune func(*gossip.Config)) *cluster {
+	t.Helper()
+	c := &cluster{net: gossiptest.NewNetwork()}
+	cfgs := make([]gossip.Config, n)
+	for i := range cfgs {
+		s := newSet()
+		c.sets = append(c.sets, s)
+		name := fmt.Sprintf("t2-%02d", i)
+		c.names = append(c.names, name)
+		cfgs[i] = gossip.Config{
+			Name:     name,
+			Region:   regions[i%len(regions)],
+			Channels: map[byte]gossip.Channel{gossip.ChannelTest: s},
+		}
+		if tune != nil {
+			tune(&cfgs[i])
+		}
+	}
+	start := time.Now()
+	c.nodes = c.net.Start(t, cfgs...)
+	for i, s := range c.sets {
+		await(t, s.WaitMembers(alive(c.names...)), fmt.Sprintf("%s to see all %d members", c.names[i], n))
+	}
+	t.Logf("%d nodes started and saw each other in %v", n, time.Since(start))
+	return c
+}
+
+// spread broadcasts item from node i and returns how long until the last
+// other node had it.
+func (c *cluster) spread(t testing.TB, i int, item string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if err := c.nodes[i].Broadcast(gossip.ChannelTest, []byte(item)); err != nil {
+		t.Fatal(err)
+	}
+	c.sets[i].Add(item)
+	var last time.Time
+	for j, s := range c.sets {
+		await(t, s.Wait(item), fmt.Sprintf("%s to receive %q", c.names[j], item))
+		at, _ := s.Has(item)
+		if at.After(last) {
+			last = at
+		}
+	}
+	return last.Sub(start)
+}
+
+func TestBroadcastReachesThirtyNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("30 memberlist nodes")
+	}
+	c := startCluster(t, 30, []string{"us-east-1", "eu-west-1", "ap-south-1"}, nil)
+	var took []time.Duration
+	for i := range 5 {
+		took = append(took, c.spread(t, i*7%30, fmt.Sprintf("item-%d", i)))
+	}
+	slices.Sort(took)
+	t.Logf("broadcast to all of 30 nodes (local profile): median %v, max %v, all %v", took[2], took[4], took)
+	for _, n := range c.nodes {
+		if got := n.Dropped(); got != 0 {
+			t.Errorf("%s dropped %d messages", n.Name(), got)
+		}
+	}
+	// Regions travel in node metadata.
+	regions := map[string]int{}
+	for _, m := range c.nodes[5].Members() {
+		regions[m.Region]++
+	}
+	if want := map[string]int{"us-east-1": 10, "eu-west-1": 10, "ap-south-1": 10}; fmt.Sprint(regions) != fmt.Sprint(want) {
+		t.Errorf("members by region = %v, want %v", regions, want)
+	}
+}
+
+func BenchmarkBroadcastConvergence30(b *testing.B) {
+	for _, profile := range []string{gossip.ProfileLocal, gossip.ProfileLAN} {
+		b.Run(profile, func(b *testing.B) {
+			c := startCluster(b, 30, []string{"us-east-1", "eu-west-1", "ap-south-1"}, func(cfg *gossip.Config) {
+				cfg.Profile = profile
+			})
+			var took []time.Duration
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				took = append(took, c.spread(b, i%30, fmt.Sprintf("bench-%d", i)))
+			}
+			b.StopTimer()
+			sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "ms-median-to-all")
+			b.ReportMetric(float64(took[len(took)-1].Microseconds())/1000, "ms-max-to-all")
+		})
+	}
+}
+
+func TestPartitionAndHeal(t *testing.T) {
+	c := startCluster(t, 6, []string{"a", "b"}, func(cfg *gossip.Config) {
+		cfg.ProbeInterval = 100 * time.Millisecond
+		cfg.ProbeTimeout = 50 * time.Millisecond
+		cfg.PushPullInterval = 300 * time.Millisecond
+		cfg.ReconnectInterval = 200 * time.Millisecond
+	})
+	var sideA, sideB []int
+	for i, n := range c.nodes {
+		if n.Region() == "a" {
+			sideA = append(sideA, i)
+		} else {
+			sideB = append(sideB, i)
+		}
+	}
+	namesOf := func(idx []int) []string {
+		var out []string
+		for _, i := range idx {
+			out = append(out, c.names[i])
+		}
+		return out
+	}
+
+	start := time.Now()
+	c.net.Partition(gossiptest.Region("a"), gossiptest.Region("b"))
+	// Failure detection across the cut proves the partition holds.
+	for _, i := range sideA {
+		await(t, c.sets[i].WaitMembers(gone(namesOf(sideB)...)), c.names[i]+" to declare side b dead")
+	}
+	for _, i := range sideB {
+		await(t, c.sets[i].WaitMembers(gone(namesOf(sideA)...)), c.names[i]+" to declare side a dead")
+	}
+	if c.net.Dropped() == 0 {
+		t.Fatal("partition dropped no packets")
+	}
+
+	t.Logf("%v: sides declared each other dead", time.Since(start))
+	must(t, c.nodes[sideA[0]].Broadcast(gossip.ChannelTest, []byte("from-a")))
+	must(t, c.nodes[sideB[0]].Broadcast(gossip.ChannelTest, []byte("from-b")))
+	c.sets[sideA[0]].Add("from-a")
+	c.sets[sideB[0]].Add("from-b")
+	for _, i := range sideA {
+		await(t, c.sets[i].Wait("from-a"), c.names[i]+" to get its own side's broadcast")
+	}
+	for _, i := range sideB {
+		await(t, c.sets[i].Wait("from-b"), c.names[i]+" to get its own side's broadcast")
+	}
+	for _, i := range sideB {
+		if _, ok := c.sets[i].Has("from-a"); ok {
+			t.Errorf("%s received side a's broadcast across the partition", c.names[i])
+		}
+	}
+
+	t.Logf("%v: broadcasts stayed on their side", time.Since(start))
+	c.net.Heal()
+	for i, s := range c.sets {
+		await(t, s.WaitMembers(alive(c.names...)), c.names[i]+" to see every member again")
+		await(t, s.Wait("from-a"), c.names[i]+" to sync from-a after heal")
+		await(t, s.Wait("from-b"), c.names[i]+" to sync from-b after heal")
+	}
+	t.Logf("%v: healed and synced", time.Since(start))
+}
+
+func TestLeave(t *testing.T) {
+	c := startCluster(t, 4, []string{"a"}, nil)
+	leaver := c.nodes[3]
+	must(t, leaver.Leave(time.Second))
+	must(t, leaver.Close())
+	must(t, leaver.Close()) // idempotent
+	for i := range 3 {
+		await(t, c.sets[i].WaitMembers(gone(leaver.Name())), c.names[i]+" to see the leave")
+		for _, m := range c.nodes[i].Members() {
+			if m.Name == leaver.Name() {
+				t.Errorf("%s still lists %s after its leave", c.names[i], m.Name)
+			}
+		}
+	}
+	if err := leaver.Broadcast(gossip.ChannelTest, []byte("x")); !errors.Is(err, gossip.ErrClosed) {
+		t.Errorf("Broadcast after Close = %v, want ErrClosed", err)
+	}
+}
+
+func TestRegisterLateAndPushPull(t *testing.T) {
+	// A channel registered after New still converges: through broadcasts
+	// from then on and through push/pull for what came before.
+	c := startCluster(t, 3, []string{"a"}, func(cfg *gossip.Config) {
+		cfg.PushPullInterval = 200 * time.Millisecond
+	})
+	late := newSet()
+	const id = 7
+	early := newSet()
+	early.Add("before-register")
+	c.nodes[0].Register(id, early)
+	c.nodes[2].Register(id, late)
+	await(t, late.Wait("before-register"), "push/pull to carry state registered late")
+}
+
+func TestRTTMeasuredAcrossRegions(t *testing.T) {
+	const oneWay = 40 * time.Millisecond
+	n := gossiptest.NewNetwork()
+	n.Delay(gossiptest.Region("us-east-1"), gossiptest.Region("eu-west-1"), oneWay)
+	nodes := n.Start(t,
+		gossip.Config{Name: "use", Region: "us-east-1", ProbeInterval: 50 * time.Millisecond, ProbeTimeout: time.Second},
+		gossip.Config{Name: "euw", Region: "eu-west-1", ProbeInterval: 50 * time.Millisecond, ProbeTimeout: time.Second},
+	)
+	rtt := eventually(t, func() (time.Duration, bool) { return nodes[0].RTT("euw") })
+	// Each packet is held oneWay in each direction, so no probe can come
+	// back sooner than 2×oneWay: a floor, not a timing assertion.
+	if rtt < 2*oneWay {
+		t.Errorf("RTT use→euw = %v, want ≥ %v (the injected delay)", rtt, 2*oneWay)
+	}
+	if n.Delayed() == 0 {
+		t.Error("no packet was delayed")
+	}
+	var found bool
+	for _, m := range nodes[0].Members() {
+		if m.Name == "euw" {
+			found = true
+			if m.Region != "eu-west-1" || m.RTT < 2*oneWay {
+				t.Errorf("member euw = %+v", m)
+			}
+		}
+	}
+	if !found {
+		t.Error("euw missing from Members")
+	}
+}
+
+// eventually polls f until it reports ok. Used only where no event exists
+// to wait on (memberlist's probe results).
+func eventually[T any](t *testing.T, f func() (T, bool)) T {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(bound)
+	for {
+		if v, ok := f(); ok {
+			return v
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("condition not met within %v", bound)
+		}
+	}
+}
+
+func TestBroadcastTooLarge(t *testing.T) {
+	c := startCluster(t, 1, []string{"a"}, nil)
+	n := c.nodes[0]
+	max := n.MaxPayload("")
+	if max < 1000 {
+		t.Fatalf("MaxPayload = %d, want room for a digest", max)
+	}
+	must(t, n.Broadcast(1, make([]byte, max)))
+	if err := n.Broadcast(1, make([]byte, max+1)); !errors.Is(err, gossip.ErrTooLarge) {
+		t.Errorf("Broadcast(MaxPayload+1) = %v, want ErrTooLarge", err)
+	}
+	kmax := n.MaxPayload("pool/x")
+	if err := n.BroadcastLatest(1, "pool/x", make([]byte, kmax+1)); !errors.Is(err, gossip.ErrTooLarge) {
+		t.Errorf("BroadcastLatest(MaxPayload+1) = %v, want ErrTooLarge", err)
+	}
+}
+
+func TestEncryptedCluster(t *testing.T) {
+	key := []byte("0123456789abcdef")
+	c := startCluster(t, 3, []string{"a"}, func(cfg *gossip.Config) { cfg.SecretKey = key })
+	c.spread(t, 0, "secret")
+
+	tr, err := c.net.Transport("intruder", "a")
+	must(t, err)
+	_, err = gossip.New(gossip.Config{Name: "intruder", Region: "a", Profile: gossip.ProfileLocal, Transport: tr,
+		SecretKey: []byte("fedcba9876543210"), Join: []string{c.nodes[0].Addr()}})
+	if err == nil {
+		t.Fatal("a node with the wrong key joined")
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for name, cfg := range map[string]gossip.Config{
+		"no name":     {},
+		"bad profile": {Name: "x", Profile: "fast"},
+		"bad key":     {Name: "x", SecretKey: []byte("short")},
+		"long region": {Name: "x", Region: strings.Repeat("r", 256)},
+		"nil channel": {Name: "x", Channels: map[byte]gossip.Channel{1: nil}},
+		"bad port":    {Name: "x", BindPort: 70000},
+	} {
+		if _, err := gossip.New(cfg); err == nil {
+			t.Errorf("%s: New succeeded", name)
+		}
+	}
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
