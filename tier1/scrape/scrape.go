@@ -1,0 +1,333 @@
+// Package scrape polls model servers' Prometheus endpoints and turns what
+// they report into tier1.Metrics. It understands vLLM's metric names
+// (current and older releases) and SGLang's. It decides nothing about
+// routing: a pod that stops answering simply keeps its last, aging scrape,
+// and the scheduler's staleness rules decide what that means.
+package scrape
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/meridian-router/meridian/tier1"
+)
+
+// Sample is one parsed scrape.
+type Sample struct {
+	Metrics tier1.Metrics
+	// PrefixHits and PrefixQueries are the pod's cumulative prefix-cache
+	// counters (vllm:prefix_cache_hits[_total] and ..._queries[_total]);
+	// HasPrefix is false when the pod exports neither.
+	PrefixHits, PrefixQueries float64
+	HasPrefix                 bool
+	// Flavor names the dialect recognised: "vllm", "vllm-legacy" (the
+	// gpu_cache_usage_perc name) or "sglang".
+	Flavor string
+}
+
+// ErrNoMetrics means the exposition parsed but carried none of the metrics
+// Meridian routes on: the target is probably not a model server.
+var ErrNoMetrics = errors.New("no vLLM or SGLang queue metrics in the exposition")
+
+// Parse reads a Prometheus text exposition. now stamps the result.
+func Parse(r io.Reader, now time.Time) (*Sample, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics: %w", err)
+	}
+	s := &Sample{}
+	m := &s.Metrics
+	m.ScrapedAt = now
+	found := false
+	if v, ok := gauge(fams, "vllm:num_requests_waiting"); ok {
+		m.Waiting, found, s.Flavor = int(v), true, "vllm"
+	}
+	if v, ok := gauge(fams, "vllm:num_requests_running"); ok {
+		m.Running = int(v)
+	}
+	if v, ok := gauge(fams, "vllm:kv_cache_usage_perc"); ok {
+		m.KVCacheUsage = v
+	} else if v, ok := gauge(fams, "vllm:gpu_cache_usage_perc"); ok {
+		m.KVCacheUsage = v
+		if found {
+			s.Flavor = "vllm-legacy"
+		}
+	}
+	if !found {
+		if v, ok := gauge(fams, "sglang:num_queue_reqs"); ok {
+			m.Waiting, found, s.Flavor = int(v), true, "sglang"
+			if v, ok := gauge(fams, "sglang:num_running_reqs"); ok {
+				m.Running = int(v)
+			}
+			if v, ok := gauge(fams, "sglang:token_usage"); ok {
+				m.KVCacheUsage = v
+			}
+		}
+	}
+	if !found {
+		return nil, ErrNoMetrics
+	}
+	m.KVCacheUsage = clamp01(m.KVCacheUsage)
+	loraInfo(fams["vllm:lora_requests_info"], m)
+	if f := fams["vllm:cache_config_info"]; f != nil && len(f.Metric) > 0 {
+		for _, lp := range f.Metric[0].Label {
+			switch lp.GetName() {
+			case "block_size":
+				m.BlockSize, _ = strconv.Atoi(lp.GetValue())
+			case "num_gpu_blocks":
+				m.GPUBlocks, _ = strconv.Atoi(lp.GetValue())
+			}
+		}
+	}
+	h, okh := counter(fams, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
+	q, okq := counter(fams, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
+	s.PrefixHits, s.PrefixQueries, s.HasPrefix = h, q, okh && okq
+	return s, nil
+}
+
+// loraInfo reads vllm:lora_requests_info: a gauge whose value is a
+// timestamp; the series with the largest value is current.
+func loraInfo(f *dto.MetricFamily, m *tier1.Metrics) {
+	if f == nil || len(f.Metric) == 0 {
+		return
+	}
+	var best *dto.Metric
+	bestV := math.Inf(-1)
+	for _, mt := range f.Metric {
+		if v := value(mt); v > bestV {
+			best, bestV = mt, v
+		}
+	}
+	m.LoRAReported = true
+	for _, lp := range best.Label {
+		switch lp.GetName() {
+		case "running_lora_adapters":
+			m.RunningAdapters = splitList(lp.GetValue())
+		case "waiting_lora_adapters":
+			m.WaitingAdapters = splitList(lp.GetValue())
+		case "max_lora":
+			m.MaxLoRA, _ = strconv.Atoi(lp.GetValue())
+		}
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// gauge sums a family's series (pods that serve several model names
+// export one series each).
+func gauge(fams map[string]*dto.MetricFamily, name string) (float64, bool) {
+	f := fams[name]
+	if f == nil || len(f.Metric) == 0 {
+		return 0, false
+	}
+	sum := 0.0
+	for _, mt := range f.Metric {
+		sum += value(mt)
+	}
+	if name == "vllm:kv_cache_usage_perc" || name == "vllm:gpu_cache_usage_perc" || name == "sglang:token_usage" {
+		sum /= float64(len(f.Metric)) // a fraction: average, not sum
+	}
+	return sum, true
+}
+
+func counter(fams map[string]*dto.MetricFamily, names ...string) (float64, bool) {
+	for _, n := range names {
+		if v, ok := gauge(fams, n); ok {
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+func value(mt *dto.Metric) float64 {
+	switch {
+	case mt.Gauge != nil:
+		return mt.Gauge.GetValue()
+	case mt.Counter != nil:
+		return mt.Counter.GetValue()
+	case mt.Untyped != nil:
+		return mt.Untyped.GetValue()
+	}
+	return 0
+}
+
+func clamp01(v float64) float64 {
+	if math.IsNaN(v) || v < 0 {
+		return 0
+	}
+	if v > 1 {
+		return 1
+	}
+	return v
+}
+
+// Config tunes scraping. The zero value is usable: each zero field takes
+// the default named in its comment.
+type Config struct {
+	// Interval between two scrapes of a healthy pod. Shorter intervals
+	// mean fresher routing inputs at the cost of pod CPU; GIE uses 50ms.
+	// Zero means 50ms.
+	Interval time.Duration
+	// Timeout bounds one scrape. Zero means 1s.
+	Timeout time.Duration
+	// MaxBackoff caps the delay between attempts to a failing pod; the
+	// delay doubles from Interval on each consecutive failure. Zero means 5s.
+	MaxBackoff time.Duration
+	// Client performs the requests. Nil means a client with keep-alive
+	// connections suited to many small polls.
+	Client *http.Client
+	// Now is the clock stamped on samples. Nil means time.Now.
+	Now func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.Interval <= 0 {
+		c.Interval = 50 * time.Millisecond
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = time.Second
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 5 * time.Second
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: 2,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+		}}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Metrics are the scraper's own Prometheus series.
+type Metrics struct {
+	Scrapes  *prometheus.CounterVec   // by pool, result
+	Duration *prometheus.HistogramVec // by pool
+}
+
+// NewMetrics registers the scraper's series with reg (nil: not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Scrapes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meridian_tier1_scrapes_total",
+			Help: "Model-server metric scrapes by pool and result (ok, error, timeout, invalid).",
+		}, []string{"pool", "result"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "meridian_tier1_scrape_duration_seconds",
+			Help:    "Duration of model-server metric scrapes.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"pool"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Scrapes, m.Duration)
+	}
+	return m
+}
+
+// Target is one pod to scrape.
+type Target struct {
+	Pool string
+	// URL of the pod's metrics, e.g. http://10.0.0.7:8000/metrics.
+	URL string
+	// OnSample receives each successful scrape; OnError each failure.
+	// Both are called from the target's own goroutine and must not block.
+	OnSample func(*Sample)
+	OnError  func(error)
+}
+
+// Run scrapes one target until ctx ends: first after a random fraction of
+// the interval (so many pods are not polled in lockstep), then every
+// interval, backing off on failures.
+func Run(ctx context.Context, cfg Config, m *Metrics, t Target) {
+	cfg = cfg.withDefaults()
+	delay := time.Duration(rand.Int64N(int64(cfg.Interval)))
+	failures := 0
+	timer := time.NewTimer(delay)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		start := time.Now()
+		s, err := scrapeOnce(ctx, cfg, t.URL)
+		if ctx.Err() != nil {
+			return
+		}
+		result := "ok"
+		switch {
+		case err == nil:
+			failures = 0
+			if t.OnSample != nil {
+				t.OnSample(s)
+			}
+		case errors.Is(err, context.DeadlineExceeded):
+			result = "timeout"
+		case errors.Is(err, ErrNoMetrics):
+			result = "invalid"
+		default:
+			result = "error"
+		}
+		if m != nil {
+			m.Scrapes.WithLabelValues(t.Pool, result).Inc()
+			m.Duration.WithLabelValues(t.Pool).Observe(time.Since(start).Seconds())
+		}
+		next := cfg.Interval
+		if err != nil {
+			failures++
+			if t.OnError != nil {
+				t.OnError(err)
+			}
+			next = min(cfg.MaxBackoff, cfg.Interval<<min(failures, 16))
+			next = next/2 + time.Duration(rand.Int64N(int64(next/2)+1))
+		}
+		timer.Reset(next)
+	}
+}
+
+func scrapeOnce(ctx context.Context, cfg Config, url string) (*Sample, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := cfg.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return nil, fmt.Errorf("scrape %s: HTTP %d", url, resp.StatusCode)
+	}
+	return Parse(io.LimitReader(resp.Body, 8<<20), cfg.Now())
+}
