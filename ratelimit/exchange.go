@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -336,4 +338,34 @@ func (l *Limiter) Run(ctx context.Context, publish func(payload []byte)) error {
 			publish(l.Sync())
 		}
 	}
+}
+
+// Peer is what this instance knows of another, for status pages and tests.
+type Peer struct {
+	Instance string
+	// Seq orders the peer's reports; it is the peer's clock in Unix
+	// nanoseconds at its last sync (or one more than its previous Seq).
+	Seq uint64
+	// Heard is when the peer produced its last report, on this clock.
+	Heard   time.Time
+	Leaving bool
+	// Live is false once Heard is older than PeerTimeout or the peer left:
+	// its demand no longer holds a share.
+	Live bool
+}
+
+// Peers returns the peers this instance has heard from, sorted by name.
+func (l *Limiter) Peers() []Peer {
+	now := l.cfg.Now()
+	l.viewMu.Lock()
+	defer l.viewMu.Unlock()
+	out := make([]Peer, 0, len(l.peers))
+	for name, p := range l.peers {
+		out = append(out, Peer{
+			Instance: name, Seq: p.seq, Heard: p.heard, Leaving: p.leaving,
+			Live: !p.leaving && now.Sub(p.heard) <= l.cfg.PeerTimeout,
+		})
+	}
+	slices.SortFunc(out, func(a, b Peer) int { return strings.Compare(a.Instance, b.Instance) })
+	return out
 }
