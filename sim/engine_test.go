@@ -86,7 +86,11 @@ func replayRoundRobin(t testing.TB, seed uint64, profiles []string, reqs []*Requ
 }
 
 func TestMooncakeReplayConservation(t *testing.T) {
-	reqs, at := loadMooncake(t, 0)
+	n := 0 // the whole trace
+	if raceEnabled {
+		n = 3000
+	}
+	reqs, at := loadMooncake(t, n)
 	pods := []string{"h100", "h100", "h100", "h100", "a100", "a100", "l40s", "l40s"}
 	start := time.Now()
 	out, e := replayRoundRobin(t, 1, pods, reqs, at)
@@ -120,12 +124,26 @@ func TestMooncakeReplayConservation(t *testing.T) {
 		m.Failures += pm.Failures
 		m.PrefixCacheHits += pm.PrefixCacheHits
 		m.PrefixCacheQueries += pm.PrefixCacheQueries
+		m.PromptTokens += pm.PromptTokens
+		m.Preemptions += pm.Preemptions
 		if pm.Waiting+pm.Running != 0 || pm.KVCacheUsage != 0 {
 			t.Errorf("pod %s not empty after the run: %+v", p.Name(), pm)
 		}
 	}
 	if int(m.RequestsOK) != ok || int(m.Failures) != failed {
 		t.Errorf("pods count %d ok %d failed, outcomes %d ok %d failed", m.RequestsOK, m.Failures, ok, failed)
+	}
+	// Token conservation: every prompt token was either cached or
+	// computed (more than once if preempted), and every output token
+	// reported was generated.
+	var prompt uint64
+	for _, r := range reqs {
+		prompt += uint64(r.PromptTokens)
+	}
+	if m.PrefixCacheQueries < prompt || m.PrefixCacheHits+m.PromptTokens < prompt ||
+		(m.Preemptions == 0 && (m.PrefixCacheQueries != prompt || m.PrefixCacheHits+m.PromptTokens != prompt)) {
+		t.Errorf("prompt tokens %d, queried %d, hit %d, computed %d, %d preemptions: do not add up",
+			prompt, m.PrefixCacheQueries, m.PrefixCacheHits, m.PromptTokens, m.Preemptions)
 	}
 	if m.GenerationTokens < gen {
 		t.Errorf("pods generated %d tokens, outcomes report %d", m.GenerationTokens, gen)

@@ -89,8 +89,10 @@ func TestLiveChat(t *testing.T) {
 	if got := acc.Choices[0].Message.Content; got != tokenText(0, 7) {
 		t.Errorf("streamed content %q, want %q", got, tokenText(0, 7))
 	}
-	if chunks < 7+2 {
-		t.Errorf("%d chunks, want at least one per token plus role and finish", chunks)
+	// Tokens of several steps may share a chunk when the reader lags, so
+	// only the role, some content and the finish chunk are certain.
+	if chunks < 3 {
+		t.Errorf("%d chunks, want at least role, content and finish", chunks)
 	}
 	if acc.Usage.CompletionTokens != 7 || acc.Usage.PromptTokensDetails.CachedTokens == 0 {
 		t.Errorf("streamed usage = %+v, want 7 completion tokens and a cache hit", acc.Usage)
