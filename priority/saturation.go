@@ -1,0 +1,155 @@
+package priority
+
+import (
+	"time"
+)
+
+// PodLoad is one pod's load as the caller last saw it.
+type PodLoad struct {
+	// Queue is the pod's waiting requests. Tier-1 adds the requests it has
+	// sent since the last scrape, so a burst is visible before the next one.
+	Queue float64
+	// KVCache is the fraction of KV-cache blocks in use, 0..1.
+	KVCache float64
+	// Age is how old the metrics are (time since the scrape that produced
+	// them). Negative ages count as zero.
+	Age time.Duration
+}
+
+// Thresholds turn per-pod load into a pool's saturation.
+type Thresholds struct {
+	// Queue is the waiting-queue length at which a pod counts as full.
+	// Zero means 5 (GIE's default). Lower sheds and queues earlier, keeping
+	// model-server queues (and TTFT) short; higher keeps more work on the
+	// pods and less in the Gate, where it is fairly ordered.
+	Queue float64
+	// KVCache is the KV-cache use (0..1) at which a pod counts as full.
+	// Zero means 0.8 (GIE's default). Above about 0.9 vLLM starts to
+	// preempt, which wastes the work done on the preempted requests.
+	KVCache float64
+	// StaleAfter is the age beyond which a pod's metrics are not believed.
+	// Zero means 2s: forty of Tier-1's 50 ms scrapes. Tier-2 should set
+	// about three times its digest period. Too short turns a slow scrape
+	// into lost capacity (GIE's 200 ms); too long trusts a dead pod's
+	// last good numbers.
+	StaleAfter time.Duration
+	// StaleIsSaturated counts a stale pod as fully saturated (1.0) instead
+	// of leaving it out. GIE does this; Meridian does not by default (see
+	// Pool). Set it only to reproduce GIE.
+	StaleIsSaturated bool
+}
+
+// DefaultThresholds are Meridian's defaults (the zero Thresholds).
+func DefaultThresholds() Thresholds {
+	return Thresholds{Queue: 5, KVCache: 0.8, StaleAfter: 2 * time.Second}
+}
+
+// GIEThresholds reproduce GIE's saturation detector: queue 5, KV 0.8, and
+// any pod whose metrics are older than 200 ms counts as saturated.
+func GIEThresholds() Thresholds {
+	return Thresholds{Queue: 5, KVCache: 0.8, StaleAfter: 200 * time.Millisecond, StaleIsSaturated: true}
+}
+
+func (t Thresholds) withDefaults() Thresholds {
+	d := DefaultThresholds()
+	if t.Queue <= 0 {
+		t.Queue = d.Queue
+	}
+	if t.KVCache <= 0 {
+		t.KVCache = d.KVCache
+	}
+	if t.StaleAfter <= 0 {
+		t.StaleAfter = d.StaleAfter
+	}
+	return t
+}
+
+// Saturation is how full a pool is. It is a value type; Tier-1 computes it
+// from live pod metrics and ships it in its health digest, and Tier-2 uses
+// the digest's copy (combining clusters with Combine).
+type Saturation struct {
+	// Value is the mean over the counted pods of max(queue/Queue,
+	// kv/KVCache). Below 1 the pool has headroom; 1 or more it is
+	// saturated; above 1 says by how much it is oversubscribed.
+	Value float64
+	// PerRequest is how much one more admitted request raises Value:
+	// 1/(Fresh × Queue). The Gate uses it to account for requests it admits
+	// between two observations. Zero turns that accounting off.
+	PerRequest float64
+	// Fresh and Stale count the pods whose metrics were and were not
+	// believed. With StaleIsSaturated, stale pods are counted in Value and
+	// in Fresh as well.
+	Fresh, Stale int
+}
+
+// Known reports whether any pod's metrics were believed. A pool with no
+// fresh metrics is blind: the Gate then sheds Sheddable requests and
+// admits the others without queueing.
+func (s Saturation) Known() bool { return s.Fresh > 0 }
+
+// Saturated reports whether the pool is known to have no headroom.
+func (s Saturation) Saturated() bool { return s.Known() && s.Value >= 1 }
+
+// Pool computes a pool's saturation from its pods.
+//
+// Stale pods are left out, not counted as saturated as GIE does: a missed
+// scrape is missing evidence, not evidence of load. Counting it as load
+// turns one slow scrape into lost capacity and, in small pools, into a full
+// stop of the pool (GIE issue 1497; llm-d's stale-metrics bugs). Leaving it
+// out still gives it no credit for headroom, and the Gate's own in-flight
+// accounting keeps it from being flooded. When no pod is fresh the pool is
+// unknown (see Known).
+func (t Thresholds) Pool(pods []PodLoad) Saturation {
+	t = t.withDefaults()
+	var s Saturation
+	var sum float64
+	for _, p := range pods {
+		if p.Age > t.StaleAfter {
+			s.Stale++
+			if t.StaleIsSaturated {
+				s.Fresh++
+				sum++
+			}
+			continue
+		}
+		s.Fresh++
+		sum += max(p.Queue/t.Queue, p.KVCache/t.KVCache, 0)
+	}
+	if t.StaleIsSaturated && len(pods) == 0 {
+		// GIE fails closed on an empty pool.
+		return Saturation{Value: 1, Fresh: 0}
+	}
+	if s.Fresh == 0 {
+		return s
+	}
+	s.Value = sum / float64(s.Fresh)
+	s.PerRequest = 1 / (float64(s.Fresh) * t.Queue)
+	return s
+}
+
+// Combine merges the saturations of pools that can serve the same request
+// (one model's pools in several clusters) into one, weighting each by its
+// fresh pods, as if they were one pool.
+func Combine(pools ...Saturation) Saturation {
+	var out Saturation
+	var sum, inv float64
+	for _, p := range pools {
+		out.Stale += p.Stale
+		if !p.Known() {
+			continue
+		}
+		out.Fresh += p.Fresh
+		sum += p.Value * float64(p.Fresh)
+		if p.PerRequest > 0 {
+			inv += 1 / p.PerRequest
+		}
+	}
+	if out.Fresh == 0 {
+		return out
+	}
+	out.Value = sum / float64(out.Fresh)
+	if inv > 0 {
+		out.PerRequest = 1 / inv
+	}
+	return out
+}
