@@ -1,0 +1,174 @@
+package tier1
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Metrics is one scrape of a model server, as the scraper parsed it from
+// vllm:* (or sglang:*) metrics. A Metrics value is immutable once handed to
+// Endpoint.SetMetrics.
+type Metrics struct {
+	// Waiting and Running are vllm:num_requests_waiting and
+	// vllm:num_requests_running.
+	Waiting int
+	Running int
+	// KVCacheUsage is vllm:kv_cache_usage_perc, a fraction in [0, 1].
+	KVCacheUsage float64
+	// RunningAdapters and WaitingAdapters are the LoRA adapters of the
+	// newest vllm:lora_requests_info series; MaxLoRA is its max_lora.
+	RunningAdapters []string
+	WaitingAdapters []string
+	MaxLoRA         int
+	// LoRAReported is false when the server exports no LoRA information
+	// (no LoRA support, or SGLang): the adapter filter then lets the pod
+	// through rather than guessing.
+	LoRAReported bool
+	// BlockSize is the server's KV block size in tokens and GPUBlocks its
+	// number of KV blocks (vllm:cache_config_info); zero when unknown.
+	BlockSize int
+	GPUBlocks int
+	// ScrapedAt is when the scrape completed, on the clock the scheduler is
+	// given (wall clock live, virtual time in replay).
+	ScrapedAt time.Time
+}
+
+func (m *Metrics) hasAdapter(list []string, name string) bool {
+	return slices.Contains(list, name)
+}
+
+// Endpoint is one model-server pod (one ip:port) of a pool: its last
+// scraped metrics plus Meridian's own accounting of what was sent to it
+// since. All methods are safe for concurrent use; decisions read an
+// endpoint with atomic loads only.
+type Endpoint struct {
+	// ID is the endpoint's stable name (namespace/pod, or the address for
+	// static endpoints). Prefix events name endpoints by ID.
+	ID string
+	// Address is host:port, what the proxy dials and what a subset hint
+	// lists.
+	Address string
+
+	slot int32 // dense index into per-pool arrays (prefix index)
+
+	ready   atomic.Bool
+	metrics atomic.Pointer[Metrics]
+
+	// Since the last scrape: requests dispatched, their prompt tokens, and
+	// completions seen. A scrape resets them, since it reflects what came
+	// before it.
+	dispatched atomic.Int64
+	tokens     atomic.Int64
+	completed  atomic.Int64
+	// inFlight is dispatched minus done since the endpoint was added.
+	inFlight atomic.Int64
+	// lastPicked is the UnixNano of the last dispatch (lru scorer).
+	lastPicked atomic.Int64
+
+	pendingMu       sync.Mutex
+	pendingAdapters []string // adapters dispatched since the last scrape
+
+	latency latencyModel
+}
+
+// SetReady marks the endpoint as able (or not) to take requests: discovery
+// readiness, or a failing scrape. Unready endpoints are never picked.
+func (e *Endpoint) SetReady(ready bool) { e.ready.Store(ready) }
+
+// Ready reports what SetReady last set.
+func (e *Endpoint) Ready() bool { return e.ready.Load() }
+
+// SetMetrics installs a new scrape and resets the counts of what was sent
+// since the previous one. m must not be modified afterwards.
+func (e *Endpoint) SetMetrics(m *Metrics) {
+	e.metrics.Store(m)
+	e.dispatched.Store(0)
+	e.tokens.Store(0)
+	e.completed.Store(0)
+	e.pendingMu.Lock()
+	e.pendingAdapters = e.pendingAdapters[:0]
+	e.pendingMu.Unlock()
+}
+
+// Metrics returns the last scrape, or nil before the first.
+func (e *Endpoint) Metrics() *Metrics { return e.metrics.Load() }
+
+// InFlight is the number of requests dispatched and not yet done.
+func (e *Endpoint) InFlight() int64 { return e.inFlight.Load() }
+
+// load is an endpoint's state as a decision sees it: the scrape corrected
+// by what Meridian sent and saw finish since.
+type load struct {
+	m       *Metrics
+	waiting float64 // scraped waiting + dispatched since scrape not yet done
+	running float64 // scraped running − completions beyond dispatches
+	kv      float64 // scraped KV use + KV of prompt tokens sent since
+	tokens  float64 // prompt tokens sent since the scrape
+}
+
+var zeroMetrics Metrics
+
+func (e *Endpoint) load() load {
+	m := e.metrics.Load()
+	if m == nil {
+		m = &zeroMetrics
+	}
+	d, c := float64(e.dispatched.Load()), float64(e.completed.Load())
+	tok := float64(e.tokens.Load())
+	l := load{m: m, tokens: tok}
+	l.waiting = float64(m.Waiting) + max(0, d-c)
+	l.running = max(0, float64(m.Running)-max(0, c-d))
+	l.kv = m.KVCacheUsage
+	if m.GPUBlocks > 0 && m.BlockSize > 0 {
+		l.kv += tok / float64(m.GPUBlocks*m.BlockSize)
+	}
+	return l
+}
+
+func (e *Endpoint) adapterPending(name string) bool {
+	e.pendingMu.Lock()
+	defer e.pendingMu.Unlock()
+	return slices.Contains(e.pendingAdapters, name)
+}
+
+func (e *Endpoint) pendingAdapterCount() int {
+	e.pendingMu.Lock()
+	defer e.pendingMu.Unlock()
+	return len(e.pendingAdapters)
+}
+
+// Ticket is one dispatched request's bookkeeping, returned by
+// Scheduler.Dispatch. The data plane reports the first token and the end of
+// the request on it; a Ticket is owned by one goroutine.
+type Ticket struct {
+	ep       *Endpoint
+	features [numFeatures]float64
+	done     bool
+	ttftSeen bool
+}
+
+// Endpoint is where the request went.
+func (t *Ticket) Endpoint() *Endpoint { return t.ep }
+
+// FirstToken feeds the observed time to first token to the endpoint's
+// latency model. Calls after the first are ignored.
+func (t *Ticket) FirstToken(ttft time.Duration) {
+	if t.ep == nil || t.ttftSeen {
+		return
+	}
+	t.ttftSeen = true
+	t.ep.latency.observe(&t.features, ttft.Seconds())
+}
+
+// Done records that the request finished (or failed) and no longer loads
+// the endpoint. Calls after the first are ignored.
+func (t *Ticket) Done() {
+	if t.ep == nil || t.done {
+		return
+	}
+	t.done = true
+	t.ep.completed.Add(1)
+	t.ep.inFlight.Add(-1)
+}

@@ -1,0 +1,132 @@
+package tier1
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// The latency model predicts a request's time to first token on one
+// endpoint as a linear function of what is ahead of it there:
+//
+//	TTFT ≈ θ0 + θ1·waiting + θ2·running/10 + θ3·uncached/1000 + θ4·inflight/1000
+//
+// where waiting counts requests queued ahead (scraped plus dispatched
+// since), running the batch it joins, uncached the prompt tokens this
+// request must prefill (its tokens less the prefix cached there), and
+// inflight the prompt tokens sent there since the last scrape that are
+// still to be prefilled. Each endpoint learns its own θ by recursive least
+// squares with forgetting from the TTFTs it actually shows, so a slower
+// card (or one sharing its GPU) ends up with larger coefficients and the
+// same work is priced higher there. Until it has seen any, an endpoint
+// predicts with the prior below, which roughly describes an 8B model on
+// one modern GPU; the prior only orders endpoints sensibly at start.
+const numFeatures = 5
+
+var latencyPrior = [numFeatures]float64{
+	0.05, // s fixed overhead
+	0.08, // s per request waiting ahead
+	0.02, // s per 10 running requests (decode steps interleaved with prefill)
+	0.10, // s per 1000 uncached prompt tokens (10k tokens/s prefill)
+	0.10, // s per 1000 prompt tokens sent since the scrape
+}
+
+const (
+	// latencyForget is RLS's forgetting factor: observations lose half
+	// their weight after ln2/(1−λ) ≈ 140 completions, so the model follows
+	// a pod whose speed changes (thermal throttling, a neighbour) within a
+	// few hundred requests.
+	latencyForget = 0.995
+	// latencyPriorVar is the prior's variance per coefficient; it also
+	// caps how uncertain a coefficient may become when its feature stays
+	// constant (forgetting would otherwise inflate it without bound).
+	latencyPriorVar = 0.5
+	// maxObservedTTFT clips observations so that one stuck request does
+	// not wreck the model.
+	maxObservedTTFT = 120.0
+)
+
+type latencyModel struct {
+	coef atomic.Pointer[[numFeatures]float64] // nil: the prior
+
+	mu sync.Mutex
+	p  [numFeatures][numFeatures]float64 // inverse-covariance state; zero until first use
+	n  int64
+}
+
+func latencyFeatures(waiting, running, uncachedTokens, inflightTokens float64) [numFeatures]float64 {
+	return [numFeatures]float64{1, waiting, running / 10, uncachedTokens / 1000, inflightTokens / 1000}
+}
+
+// predict returns the predicted TTFT in seconds, never negative.
+func (m *latencyModel) predict(x *[numFeatures]float64) float64 {
+	c := m.coef.Load()
+	if c == nil {
+		c = &latencyPrior
+	}
+	y := 0.0
+	for i := range x {
+		y += c[i] * x[i]
+	}
+	return max(y, 0)
+}
+
+// observe updates the model with one observed TTFT (seconds).
+func (m *latencyModel) observe(x *[numFeatures]float64, y float64) {
+	if math.IsNaN(y) || y < 0 {
+		return
+	}
+	y = min(y, maxObservedTTFT)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	theta := latencyPrior
+	if c := m.coef.Load(); c != nil {
+		theta = *c
+	}
+	if m.n == 0 {
+		for i := range m.p {
+			m.p[i] = [numFeatures]float64{}
+			m.p[i][i] = latencyPriorVar
+		}
+	}
+	m.n++
+	var px [numFeatures]float64
+	den := latencyForget
+	for i := range px {
+		for j := range x {
+			px[i] += m.p[i][j] * x[j]
+		}
+		den += x[i] * px[i]
+	}
+	e := y
+	for i := range x {
+		e -= theta[i] * x[i]
+	}
+	for i := range theta {
+		theta[i] += px[i] / den * e
+	}
+	for i := range m.p {
+		for j := range m.p[i] {
+			m.p[i][j] = (m.p[i][j] - px[i]*px[j]/den) / latencyForget
+		}
+	}
+	// Keep every variance at most the prior's: a congruence by a diagonal
+	// matrix keeps p symmetric positive definite.
+	for i := range m.p {
+		if v := m.p[i][i]; v > latencyPriorVar {
+			f := math.Sqrt(latencyPriorVar / v)
+			for j := range m.p {
+				m.p[i][j] *= f
+				m.p[j][i] *= f
+			}
+		}
+	}
+	m.coef.Store(&theta)
+}
+
+// observations is how many TTFTs the model has learned from.
+func (m *latencyModel) observations() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.n
+}

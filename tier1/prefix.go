@@ -1,0 +1,351 @@
+package tier1
+
+import (
+	"sync"
+)
+
+// PrefixEvent says that an endpoint was sent (and so now caches) a prompt
+// whose prefix blocks hash to Hashes, at Stamp (UnixNano on the sender's
+// clock). Tier-1 replicas exchange these so that each knows what the
+// others sent. Applying an event is idempotent, and a set of events leaves
+// the same index whatever order it is applied in: see PrefixIndex.
+type PrefixEvent struct {
+	Endpoint string
+	Stamp    int64
+	Hashes   []uint64
+}
+
+// PrefixIndex remembers, per endpoint, which prompt prefix blocks it was
+// sent recently, up to a capacity per endpoint that approximates its KV
+// cache. It answers "how many leading blocks of this prompt does each
+// endpoint have".
+//
+// Each (endpoint, block) entry carries a stamp, and an endpoint keeps the
+// capacity entries with the greatest (stamp, hash). Re-adding an entry
+// keeps the greater stamp. Because that state is a function of the set of
+// events only, replicas that exchange events converge however the events
+// were ordered or repeated. Within one event the block stamps fall (or, in
+// GIE mode, rise) by a nanosecond per block, so that a full endpoint
+// evicts a prompt's tail blocks (GIE: its head blocks) first, as vLLM
+// (hashicorp/golang-lru in GIE) does.
+//
+// Memory: one 32-byte node per (endpoint, block) entry plus one 8-byte
+// table slot (at 3/8 to 3/4 load) per distinct block; see
+// BenchmarkPrefixIndexMemory for the measured bytes per entry.
+type PrefixIndex struct {
+	mu     sync.RWMutex
+	byHash blockTable     // block hash → first node holding it
+	chunks [][]prefixNode // node slab; node i is chunks[i>>chunkBits][i&chunkMask]
+	used   int32          // nodes handed out from the slab
+	free   int32          // free list through next; nilNode when empty
+	pods   []podEntries   // by endpoint slot
+}
+
+const (
+	chunkBits = 12
+	chunkMask = 1<<chunkBits - 1
+	nilNode   = -1
+)
+
+type prefixNode struct {
+	hash  uint64
+	stamp int64
+	prev  int32 // newer neighbour in the endpoint's list
+	next  int32 // older neighbour; free-list link for free nodes
+	same  int32 // next node with the same hash (another endpoint)
+	pod   int32
+}
+
+// podEntries is one endpoint's entries, newest first.
+type podEntries struct {
+	head, tail int32
+	n          int
+	capacity   int
+}
+
+// NewPrefixIndex returns an empty index.
+func NewPrefixIndex() *PrefixIndex {
+	return &PrefixIndex{free: nilNode}
+}
+
+func (x *PrefixIndex) node(i int32) *prefixNode {
+	return &x.chunks[i>>chunkBits][i&chunkMask]
+}
+
+func (x *PrefixIndex) alloc() int32 {
+	if x.free != nilNode {
+		i := x.free
+		x.free = x.node(i).next
+		return i
+	}
+	if int(x.used)>>chunkBits == len(x.chunks) {
+		x.chunks = append(x.chunks, make([]prefixNode, 1<<chunkBits))
+	}
+	i := x.used
+	x.used++
+	return i
+}
+
+func (x *PrefixIndex) pod(slot int32) *podEntries {
+	for int(slot) >= len(x.pods) {
+		x.pods = append(x.pods, podEntries{head: nilNode, tail: nilNode})
+	}
+	return &x.pods[slot]
+}
+
+// newer reports whether node a sorts before (is kept longer than) an entry
+// with the given stamp and hash.
+func newer(a *prefixNode, stamp int64, hash uint64) bool {
+	return a.stamp > stamp || (a.stamp == stamp && a.hash > hash)
+}
+
+// add records hashes for an endpoint slot at stamp, with room for capacity
+// entries (capacity ≤ 0 keeps the current one). gie selects GIE's
+// behaviour: later blocks of an event are newer, and an endpoint's
+// capacity is fixed by its first add.
+func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64, gie bool) {
+	if len(hashes) == 0 {
+		return
+	}
+	ascending := gie
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	p := x.pod(slot)
+	if capacity > 0 && (p.capacity == 0 || !gie) {
+		p.capacity = capacity
+	}
+	if p.capacity <= 0 {
+		return
+	}
+	hint := int32(nilNode)
+	for i, h := range hashes {
+		s := stamp - int64(i)
+		if ascending {
+			s = stamp + int64(i)
+		}
+		hint = x.put(slot, p, h, s, hint)
+	}
+	for p.n > p.capacity {
+		x.evict(p)
+	}
+}
+
+// put inserts or refreshes one entry and returns the node to use as the
+// next insertion hint.
+func (x *PrefixIndex) put(slot int32, p *podEntries, h uint64, s int64, hint int32) int32 {
+	head := x.byHash.get(h, x)
+	ok := head != nilNode
+	if ok {
+		for i := head; i != nilNode; i = x.node(i).same {
+			n := x.node(i)
+			if n.pod != slot {
+				continue
+			}
+			if s > n.stamp {
+				x.unlink(p, i)
+				n.stamp = s
+				x.insert(p, i, hint)
+			}
+			return i
+		}
+	}
+	if p.n >= p.capacity && p.tail != nilNode && newer(x.node(p.tail), s, h) {
+		return hint // older than everything kept: it would be evicted at once
+	}
+	i := x.alloc()
+	n := x.node(i)
+	*n = prefixNode{hash: h, stamp: s, pod: slot, same: nilNode}
+	if ok {
+		n.same = head
+	}
+	x.byHash.set(h, i, x)
+	x.insert(p, i, hint)
+	p.n++
+	return i
+}
+
+// insert links node i into p's list in (stamp, hash) order, searching from
+// hint (or the head).
+func (x *PrefixIndex) insert(p *podEntries, i int32, hint int32) {
+	n := x.node(i)
+	at := hint
+	if at == nilNode || at == i {
+		at = p.head
+	}
+	// Find the first node not newer than n: walk toward the tail while the
+	// cursor is newer, toward the head while its predecessor is not.
+	if at != nilNode && newer(x.node(at), n.stamp, n.hash) {
+		for at != nilNode && newer(x.node(at), n.stamp, n.hash) {
+			at = x.node(at).next
+		}
+	} else {
+		for at != nilNode {
+			prev := x.node(at).prev
+			if prev == nilNode || newer(x.node(prev), n.stamp, n.hash) {
+				break
+			}
+			at = prev
+		}
+	}
+	// Link n just before at (at == nilNode: at the tail).
+	if at == nilNode {
+		n.prev, n.next = p.tail, nilNode
+		if p.tail != nilNode {
+			x.node(p.tail).next = i
+		} else {
+			p.head = i
+		}
+		p.tail = i
+		return
+	}
+	a := x.node(at)
+	n.prev, n.next = a.prev, at
+	if a.prev != nilNode {
+		x.node(a.prev).next = i
+	} else {
+		p.head = i
+	}
+	a.prev = i
+}
+
+func (x *PrefixIndex) unlink(p *podEntries, i int32) {
+	n := x.node(i)
+	if n.prev != nilNode {
+		x.node(n.prev).next = n.next
+	} else {
+		p.head = n.next
+	}
+	if n.next != nilNode {
+		x.node(n.next).prev = n.prev
+	} else {
+		p.tail = n.prev
+	}
+	n.prev, n.next = nilNode, nilNode
+}
+
+// evict drops p's oldest entry.
+func (x *PrefixIndex) evict(p *podEntries) {
+	x.drop(p, p.tail)
+}
+
+// drop removes node i from its endpoint's list and its hash chain and frees
+// it.
+func (x *PrefixIndex) drop(p *podEntries, i int32) {
+	x.unlink(p, i)
+	p.n--
+	n := x.node(i)
+	head := x.byHash.get(n.hash, x)
+	if head == i {
+		if n.same == nilNode {
+			x.byHash.del(n.hash, x)
+		} else {
+			x.byHash.set(n.hash, n.same, x)
+		}
+	} else {
+		for j := head; j != nilNode; j = x.node(j).same {
+			if m := x.node(j); m.same == i {
+				m.same = n.same
+				break
+			}
+		}
+	}
+	n.next = x.free
+	x.free = i
+}
+
+// removePod forgets everything about an endpoint slot.
+func (x *PrefixIndex) removePod(slot int32) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if int(slot) >= len(x.pods) {
+		return
+	}
+	p := &x.pods[slot]
+	for p.head != nilNode {
+		x.drop(p, p.head)
+	}
+	*p = podEntries{head: nilNode, tail: nilNode}
+}
+
+// match counts, for every endpoint slot, the leading blocks of hashes it
+// holds, into counts (indexed by slot, zeroed by the caller, long enough
+// for every slot). With consecutive, a slot's count stops at its first
+// missing block and the scan stops when no slot is still matching
+// (Meridian). Without, the scan stops at the first block no endpoint
+// holds and every holder of each earlier block counts it (GIE's
+// matchLongestPrefix). It returns the number of blocks scanned that some
+// endpoint held.
+func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for b, h := range hashes {
+		head := x.byHash.get(h, x)
+		if head == nilNode {
+			return b
+		}
+		any := false
+		for i := head; i != nilNode; {
+			n := &x.chunks[i>>chunkBits][i&chunkMask]
+			if int(n.pod) < len(counts) && (!consecutive || counts[n.pod] == int32(b)) {
+				counts[n.pod]++
+				any = true
+			}
+			i = n.same
+		}
+		if !any {
+			return b
+		}
+	}
+	return len(hashes)
+}
+
+// matchOne is match for one slot.
+func (x *PrefixIndex) matchOne(slot int32, hashes []uint64, consecutive bool) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	got := 0
+	for _, h := range hashes {
+		head := x.byHash.get(h, x)
+		if head == nilNode {
+			break
+		}
+		held := false
+		for i := head; i != nilNode; i = x.node(i).same {
+			if x.node(i).pod == slot {
+				held = true
+				break
+			}
+		}
+		if held {
+			got++
+		} else if consecutive {
+			break
+		}
+	}
+	return got
+}
+
+// Len returns the number of (endpoint, block) entries held.
+func (x *PrefixIndex) Len() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	n := 0
+	for i := range x.pods {
+		n += x.pods[i].n
+	}
+	return n
+}
+
+// entries lists a slot's entries newest first, for tests.
+func (x *PrefixIndex) entries(slot int32) []prefixNode {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if int(slot) >= len(x.pods) {
+		return nil
+	}
+	var out []prefixNode
+	for i := x.pods[slot].head; i != nilNode; i = x.node(i).next {
+		out = append(out, *x.node(i))
+	}
+	return out
+}
