@@ -334,3 +334,32 @@ var (
 	errClientGone = errors.New("client went away")
 	errPodStopped = errors.New("pod stopped")
 )
+
+// StartFleet starts one live pod per pod of the fleet, on consecutive
+// ports from spec.BasePort (ephemeral ports if 0), all or nothing.
+// spec.Pod is ignored; each pod's configuration comes from the fleet.
+func StartFleet(ctx context.Context, f *Fleet, spec PodSpec) ([]*LivePod, error) {
+	cfgs, err := f.PodConfigs()
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	var pods []*LivePod
+	for i, c := range cfgs {
+		s := spec
+		s.Pod = c
+		s.Pod.Seed = spec.Pod.Seed + uint64(i)
+		port := 0
+		if spec.BasePort != 0 {
+			port = spec.BasePort + i
+		}
+		lp, err := StartPod(ctx, s, port)
+		if err != nil {
+			for _, p := range pods {
+				p.Close()
+			}
+			return nil, err
+		}
+		pods = append(pods, lp)
+	}
+	return pods, nil
+}

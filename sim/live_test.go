@@ -280,7 +280,7 @@ func TestLiveFaults(t *testing.T) {
 	}
 }
 
-func scrape(t *testing.T, lp *LivePod) map[string]*dto.MetricFamily {
+func scrapeFamilies(t *testing.T, lp *LivePod) map[string]*dto.MetricFamily {
 	t.Helper()
 	resp, err := http.Get(lp.URL() + "/metrics")
 	if err != nil {
@@ -323,7 +323,7 @@ func TestLiveMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fams := scrape(t, lp)
+	fams := scrapeFamilies(t, lp)
 	gauges := []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"}
 	for _, name := range gauges {
 		f := fams[name]
@@ -362,7 +362,7 @@ func TestLiveMetrics(t *testing.T) {
 		{MetricsSGLang, "sglang:num_queue_reqs", "vllm:num_requests_waiting"},
 	} {
 		lp := startLive(t, PodSpec{Metrics: tc.names}, 1)[0]
-		fams := scrape(t, lp)
+		fams := scrapeFamilies(t, lp)
 		if fams[tc.want] == nil || fams[tc.absent] != nil {
 			t.Errorf("%s: have %s %v, %s %v", tc.names, tc.want, fams[tc.want] != nil, tc.absent, fams[tc.absent] != nil)
 		}

@@ -1,0 +1,73 @@
+package sim
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// BenchmarkMooncakeReplay replays the whole Mooncake conversation trace
+// (12,031 requests, 59 minutes) on a virtual fleet, the way the replay tool
+// drives the engine: metric snapshots of every pod every 50 ms of virtual
+// time, and a pick at each arrival. It reports requests replayed per
+// second of wall time.
+func BenchmarkMooncakeReplay(b *testing.B) {
+	reqs, at := loadMooncake(b, 0)
+	for _, tc := range []struct {
+		name  string
+		pods  int
+		picky bool // pick the least-loaded pod from the last scrape, else round-robin
+	}{
+		{"pods=8/round-robin", 8, false},
+		{"pods=8/least-loaded", 8, true},
+		{"pods=16/least-loaded", 16, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				e := NewEngine(1)
+				for i := 0; i < tc.pods; i++ {
+					prof := "h100"
+					if i%2 == 1 {
+						prof = "a100"
+					}
+					if _, err := e.AddPod(PodConfig{Name: fmt.Sprint(prof, i), Profile: mustProfile(b, prof)}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				pods := e.Pods()
+				snap := make([]Metrics, len(pods))
+				e.Every(50*time.Millisecond, func() {
+					for i, p := range pods {
+						snap[i] = p.Metrics()
+					}
+				})
+				failed := 0
+				done := func(o Outcome) {
+					if o.Err != nil {
+						failed++
+					}
+				}
+				for i := range reqs {
+					e.At(at[i], func() {
+						pick := i % len(pods)
+						if tc.picky {
+							for j := range snap {
+								if snap[j].Waiting+snap[j].Running < snap[pick].Waiting+snap[pick].Running {
+									pick = j
+								}
+							}
+							snap[pick].Running++ // count in-flight work between scrapes
+						}
+						e.Submit(pods[pick], reqs[i], done)
+					})
+				}
+				e.Run()
+				if failed > 0 {
+					b.Fatalf("%d requests failed", failed)
+				}
+			}
+			b.ReportMetric(float64(len(reqs))*float64(b.N)/b.Elapsed().Seconds(), "req/s")
+		})
+	}
+}
