@@ -352,34 +352,34 @@ func (g *Gate) Admit(ctx context.Context, r Request) (*Ticket, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var (
-		ticket *Ticket
-		err    error
-		ready  chan struct{}
-	)
-	cancel := g.submit(r, func(t *Ticket, e error) {
-		ticket, err = t, e
-		if ready != nil {
-			close(ready)
-		}
-	}, func() { ready = make(chan struct{}) })
-	if ready == nil {
-		return ticket, err // decided at once
+	g.mu.Lock()
+	if t, err, ok := g.now(r); ok {
+		return t, err
+	}
+	// The request waits. ready is closed once res is set.
+	ready := make(chan struct{})
+	var res release
+	w, err := g.enqueue(r, func(t *Ticket, err error) {
+		res.t, res.err = t, err
+		close(ready)
+	})
+	if err != nil {
+		return nil, err
 	}
 	select {
 	case <-ready:
-		return ticket, err
+		return res.t, res.err
 	case <-ctx.Done():
-		if cancel() {
+		if g.cancel(w) {
 			return nil, fmt.Errorf("priority: gave up waiting for admission: %w", ctx.Err())
 		}
 		// Released just now: hand the capacity back.
 		<-ready
-		ticket.Done()
-		if err == nil {
-			err = fmt.Errorf("priority: gave up waiting for admission: %w", ctx.Err())
+		res.t.Done()
+		if res.err == nil {
+			res.err = fmt.Errorf("priority: gave up waiting for admission: %w", ctx.Err())
 		}
-		return nil, err
+		return nil, res.err
 	}
 }
 
@@ -390,31 +390,36 @@ func (g *Gate) Admit(ctx context.Context, r Request) (*Ticket, error) {
 // cancel removes a still-waiting request and reports whether it did
 // (release is then not called).
 func (g *Gate) Submit(r Request, release func(*Ticket, error)) (cancel func() bool) {
-	return g.submit(r, release, nil)
+	g.mu.Lock()
+	if t, err, ok := g.now(r); ok {
+		release(t, err)
+		return func() bool { return false }
+	}
+	w, err := g.enqueue(r, release)
+	if err != nil {
+		release(nil, err)
+		return func() bool { return false }
+	}
+	return func() bool { return g.cancel(w) }
 }
 
-// submit decides r; queued, if not nil, runs under the lock just before r
-// is queued.
-func (g *Gate) submit(r Request, release func(*Ticket, error), queued func()) (cancel func() bool) {
-	noop := func() bool { return false }
-	if !r.Band.valid() {
-		release(nil, fmt.Errorf("priority: invalid band %d", r.Band))
-		return noop
-	}
-	g.mu.Lock()
+// now decides r if it can be decided at once: admitted with headroom and
+// nothing at least as important waiting (waiters exist only while there is
+// no headroom), or refused (Sheddable at a saturated or blind pool), or
+// told to spill. It is called with g.mu held; when ok it unlocks.
+func (g *Gate) now(r Request) (t *Ticket, err error, ok bool) {
 	g.init()
 	b := r.Band
-	// Immediate admission needs headroom and nothing at least as important
-	// waiting (waiters only exist while there is no headroom).
-	if g.headroom() && g.waiting(b) == 0 && (b != Sheddable || g.obs.Known()) {
+	switch {
+	case !b.valid():
+		g.mu.Unlock()
+		return nil, fmt.Errorf("priority: invalid band %d", r.Band), true
+	case g.headroom() && g.waiting(b) == 0 && (b != Sheddable || g.obs.Known()):
 		g.inflight++
-		t := &Ticket{Band: b, g: g}
 		g.mu.Unlock()
 		g.m.admitted(b, g.Tenants.label(r.Tenant), 0)
-		release(t, nil)
-		return noop
-	}
-	if b == Sheddable {
+		return &Ticket{Band: b, g: g}, nil, true
+	case b == Sheddable:
 		reason := ReasonSaturated
 		if !g.obs.Known() {
 			reason = ReasonNoMetrics
@@ -422,36 +427,24 @@ func (g *Gate) submit(r Request, release func(*Ticket, error), queued func()) (c
 		rej := g.rej[b][reason]
 		g.mu.Unlock()
 		g.m.rejected(b, reason)
-		release(nil, rej)
-		return noop
-	}
-	if r.MaySpill {
+		return nil, rej, true
+	case r.MaySpill:
 		g.mu.Unlock()
 		g.m.spill(b)
-		release(nil, ErrSpill)
-		return noop
+		return nil, ErrSpill, true
 	}
-	w, rel, err := g.enqueue(r, release)
-	if err != nil {
-		g.mu.Unlock()
-		rel.run()
-		release(nil, err)
-		return noop
+	return nil, nil, false
+}
+
+// cancel removes w if it still waits.
+func (g *Gate) cancel(w *waiter) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !w.queued {
+		return false
 	}
-	if queued != nil {
-		queued()
-	}
-	g.mu.Unlock()
-	rel.run()
-	return func() bool {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if !w.queued {
-			return false
-		}
-		g.remove(w)
-		return true
-	}
+	g.remove(w)
+	return true
 }
 
 // waiting counts the waiters of band b and above.
@@ -463,9 +456,14 @@ func (g *Gate) waiting(b Band) int {
 	return n
 }
 
-// enqueue queues r, evicting less important waiters to make room.
-func (g *Gate) enqueue(r Request, release func(*Ticket, error)) (*waiter, releases, error) {
+// enqueue queues r, evicting less important waiters to make room. It is
+// called with g.mu held and unlocks it.
+func (g *Gate) enqueue(r Request, release func(*Ticket, error)) (*waiter, error) {
 	var rel releases
+	defer func() {
+		g.mu.Unlock()
+		rel.run()
+	}()
 	b := r.Band
 	q := &g.bands[b]
 	cost := 1 / g.Tenants.Weight(r.Tenant)
@@ -478,7 +476,7 @@ func (g *Gate) enqueue(r Request, release func(*Ticket, error)) (*waiter, releas
 
 	if r.Bytes > g.cfg.MaxQueuedBytes || !g.roomFor(r, tag) {
 		g.m.rejected(b, ReasonQueueFull)
-		return nil, rel, g.rej[b][ReasonQueueFull]
+		return nil, g.rej[b][ReasonQueueFull]
 	}
 	for g.queued+1 > g.cfg.MaxQueued || g.bytes+r.Bytes > g.cfg.MaxQueuedBytes {
 		g.reject(g.victim(b, tag), ReasonEvicted, &rel)
@@ -508,7 +506,7 @@ func (g *Gate) enqueue(r Request, release func(*Ticket, error)) (*waiter, releas
 		wait = g.cfg.CriticalMaxWait
 	}
 	w.timer = g.clock.AfterFunc(wait, func() { g.expire(w) })
-	return w, rel, nil
+	return w, nil
 }
 
 // roomFor reports whether r fits once every waiter it may evict is gone:
