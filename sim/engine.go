@@ -123,8 +123,9 @@ func (e *Engine) Run() time.Duration {
 	return e.now
 }
 
-// RunUntil processes events due at or before t, then sets Now to t.
-// Requests in flight stay in flight; call Run or RunUntil again to go on.
+// RunUntil processes every event due at or before t, periodic ones
+// included, then sets Now to t. Requests in flight stay in flight; call Run
+// or RunUntil again to go on.
 func (e *Engine) RunUntil(t time.Duration) {
 	e.run(t)
 	if t > e.now {
@@ -132,13 +133,15 @@ func (e *Engine) RunUntil(t time.Duration) {
 	}
 }
 
+// run processes events in order: all due at or before limit if limit is
+// not negative, else until only periodic ones are left.
 func (e *Engine) run(limit time.Duration) {
-	for len(e.queue) > 0 && e.pending > 0 {
-		if limit >= 0 && e.queue[0].at > limit {
+	for len(e.queue) > 0 {
+		if limit < 0 && e.pending == 0 || limit >= 0 && e.queue[0].at > limit {
 			return
 		}
 		ev := e.pop()
-		e.now = ev.at
+		e.now = max(e.now, ev.at)
 		if !ev.periodic {
 			e.pending--
 		}

@@ -40,13 +40,7 @@ func loadMooncake(t testing.TB, n int) ([]*Request, []time.Duration) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		reqs = append(reqs, &Request{
-			ID:              fmt.Sprint(rec.Line),
-			PromptTokens:    rec.InputTokens,
-			OutputTokens:    rec.OutputTokens,
-			PrefixHashes:    rec.HashIDs,
-			HashBlockTokens: trace.MooncakeBlockTokens,
-		})
+		reqs = append(reqs, TraceRequest(rec))
 		at = append(at, rec.Arrival)
 	}
 	return reqs, at
@@ -149,4 +143,36 @@ func TestMooncakeReplayConservation(t *testing.T) {
 		t.Errorf("pods generated %d tokens, outcomes report %d", m.GenerationTokens, gen)
 	}
 	t.Logf("ok %d failed %d; prefix hits %d / queries %d tokens (%.1f%%)", ok, failed, m.PrefixCacheHits, m.PrefixCacheQueries, 100*float64(m.PrefixCacheHits)/float64(m.PrefixCacheQueries))
+}
+
+func TestEngineClock(t *testing.T) {
+	e := NewEngine(1)
+	var ticks []time.Duration
+	stop := e.Every(time.Second, func() { ticks = append(ticks, e.Now()) })
+	var order []int
+	e.At(2500*time.Millisecond, func() { order = append(order, 2) })
+	e.At(2500*time.Millisecond, func() { order = append(order, 3) })
+	e.At(time.Second/2, func() {
+		order = append(order, 1)
+		e.At(0, func() { order = append(order, 0) }) // in the past: runs now, after what is due
+	})
+	e.RunUntil(1500 * time.Millisecond)
+	if e.Now() != 1500*time.Millisecond || len(ticks) != 1 {
+		t.Errorf("after RunUntil(1.5s): now %v, ticks %v", e.Now(), ticks)
+	}
+	// Run stops at 2.5 s: after that only the periodic tick is left.
+	if end := e.Run(); end != 2500*time.Millisecond {
+		t.Errorf("Run ended at %v, want 2.5s", end)
+	}
+	if len(ticks) != 2 || ticks[1] != 2*time.Second {
+		t.Errorf("ticks %v, want [1s 2s]", ticks)
+	}
+	if fmt.Sprint(order) != "[1 0 2 3]" {
+		t.Errorf("order %v", order)
+	}
+	stop()
+	e.RunUntil(10 * time.Second)
+	if len(ticks) != 2 {
+		t.Errorf("stopped ticker ran: %v", ticks)
+	}
 }

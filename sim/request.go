@@ -3,7 +3,10 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
+
+	"github.com/meridian-router/meridian/sim/trace"
 )
 
 // Request is one inference request as the pod model sees it: token counts,
@@ -128,4 +131,20 @@ func (f *Faults) Validate() error {
 		return fmt.Errorf("faults: crashAfterTokens %d is negative", f.CrashAfterTokens)
 	}
 	return nil
+}
+
+// TraceRequest turns a trace record into a Request: Mooncake hash ids
+// become prefix blocks of trace.MooncakeBlockTokens tokens. The ID is the
+// record's line number.
+func TraceRequest(r trace.Record) *Request {
+	req := &Request{
+		ID:           strconv.Itoa(r.Line),
+		PromptTokens: r.InputTokens,
+		OutputTokens: r.OutputTokens,
+		PrefixHashes: r.HashIDs,
+	}
+	if len(r.HashIDs) > 0 {
+		req.HashBlockTokens = trace.MooncakeBlockTokens
+	}
+	return req
 }

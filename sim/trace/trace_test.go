@@ -165,3 +165,36 @@ func TestJitter(t *testing.T) {
 		}
 	}
 }
+
+func TestZipfAdapters(t *testing.T) {
+	a, err := NewZipfAdapters(40, 2.3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := a.Share(3); s < 0.895 || s > 0.905 {
+		t.Errorf("top-3 share %.3f, want 0.90", s)
+	}
+	names := a.Names()
+	if len(names) != 40 || names[0] != "adapter-00" || names[39] != "adapter-39" {
+		t.Errorf("names %v", names)
+	}
+	count := map[string]int{}
+	const n = 20000
+	for range n {
+		count[a.Pick()]++
+	}
+	top3 := float64(count[names[0]]+count[names[1]]+count[names[2]]) / n
+	if top3 < 0.88 || top3 > 0.92 {
+		t.Errorf("top 3 drew %.3f of picks", top3)
+	}
+	b, _ := NewZipfAdapters(40, 2.3, 1)
+	a2, _ := NewZipfAdapters(40, 2.3, 1)
+	for range 100 {
+		if b.Pick() != a2.Pick() {
+			t.Fatal("same seed, different picks")
+		}
+	}
+	if _, err := NewZipfAdapters(0, 1, 1); err == nil {
+		t.Error("n = 0 accepted")
+	}
+}
