@@ -95,7 +95,7 @@ func TestTenantsDowngrade(t *testing.T) {
 		{[]string{"search", "Critical", "Standard"}, 1},
 		{[]string{"batch", "Standard", "Sheddable"}, 1},
 		{[]string{"batch", "Critical", "Sheddable"}, 1},
-		{[]string{OtherTenant, "Critical", "Standard"}, 1},
+		{[]string{UnknownTenant, "Critical", "Standard"}, 1},
 		{[]string{"payments", "Critical", "Critical"}, 0},
 	} {
 		if got := value(t, m.downgrades.WithLabelValues(c.labels...)); got != c.want {

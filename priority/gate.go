@@ -118,7 +118,8 @@ var ErrShed = errors.New("priority: request shed")
 var ErrSpill = errors.New("priority: pool saturated; spill to another Region")
 
 // Rejection is a 429: the request was not admitted and should be retried
-// after RetryAfter.
+// after RetryAfter. A Gate hands out shared Rejections (so that shedding
+// does not allocate); read them, do not modify them.
 type Rejection struct {
 	Band       Band
 	Reason     Reason

@@ -530,7 +530,7 @@ func TestMetrics(t *testing.T) {
 		want float64
 	}{
 		{"queued team-a", value(t, m.queued.WithLabelValues("llama", "Standard", "team-a")), 1},
-		{"queued other", value(t, m.queued.WithLabelValues("llama", "Standard", OtherTenant)), 1},
+		{"queued other", value(t, m.queued.WithLabelValues("llama", "Standard", UnknownTenant)), 1},
 		{"shed", value(t, m.shed.WithLabelValues("llama", "Sheddable", "saturated")), 1},
 		{"downgrades", value(t, m.downgrades.WithLabelValues("team-a", "Critical", "Standard")), 1},
 		{"saturation", value(t, m.saturation.WithLabelValues("llama")), 1},

@@ -60,6 +60,6 @@ func (g *GIEGate) Admit(ctx context.Context, r Request) (*Ticket, error) {
 		}
 		return nil, &Rejection{Band: r.Band, Reason: ReasonSaturated, RetryAfter: ra}
 	}
-	g.m.admitted(r.Band, OtherTenant, 0)
+	g.m.admitted(r.Band, UnknownTenant, 0)
 	return &Ticket{Band: r.Band}, nil
 }

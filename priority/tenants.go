@@ -7,9 +7,9 @@ import (
 	"github.com/meridian-router/meridian/config"
 )
 
-// OtherTenant is the metric label for tenants that have no Tenant object,
+// UnknownTenant is the metric label for tenants that have no Tenant object,
 // so that unconfigured callers cannot grow label cardinality.
-const OtherTenant = "other"
+const UnknownTenant = "unknown"
 
 // Tenants holds each tenant's highest band and fair-queueing weight. It is
 // safe for concurrent use; Update swaps the whole table atomically, so a
@@ -86,7 +86,7 @@ func (t *Tenants) Band(tenant string, claimed Band) Band {
 	if t != nil {
 		label := tenant
 		if !known {
-			label = OtherTenant
+			label = UnknownTenant
 		}
 		t.metrics.downgrade(label, claimed, p.maxBand)
 	}
@@ -104,5 +104,5 @@ func (t *Tenants) label(tenant string) string {
 	if _, ok := t.lookup(tenant); ok {
 		return tenant
 	}
-	return OtherTenant
+	return UnknownTenant
 }
