@@ -275,8 +275,13 @@ func TestLiveFaults(t *testing.T) {
 		t.Error("error rate 2 accepted")
 	}
 	req, _ := http.NewRequest(http.MethodPut, lp.URL()+"/sim/faults", strings.NewReader(`{"bogus":1}`))
-	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 400 {
-		t.Errorf("unknown fault field: %v %v", resp.Status, err)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("unknown fault field: %s", resp.Status)
 	}
 }
 
