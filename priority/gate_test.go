@@ -547,3 +547,79 @@ func TestMetrics(t *testing.T) {
 		t.Error("registering twice succeeded")
 	}
 }
+
+// manualClock is a virtual clock a discrete-event simulator would supply:
+// time moves only when the test says, and due timers then run in order.
+type manualClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*manualTimer
+}
+
+type manualTimer struct {
+	at      time.Time
+	f       func()
+	stopped bool
+}
+
+func (t *manualTimer) Stop() bool { was := !t.stopped; t.stopped = true; return was }
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *manualClock) AfterFunc(d time.Duration, f func()) Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &manualTimer{at: c.now.Add(d), f: f}
+	c.timers = append(c.timers, t)
+	return t
+}
+
+func (c *manualClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	var due []*manualTimer
+	rest := c.timers[:0]
+	for _, t := range c.timers {
+		if !t.stopped && !t.at.After(c.now) {
+			due = append(due, t)
+		} else if !t.stopped {
+			rest = append(rest, t)
+		}
+	}
+	c.timers = rest
+	c.mu.Unlock()
+	for _, t := range due {
+		t.stopped = true
+		t.f()
+	}
+}
+
+func TestInjectedClock(t *testing.T) {
+	clk := &manualClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	g := &Gate{Clock: clk}
+	g.SetConfig(Config{StandardMaxWait: 5 * time.Second})
+	g.Observe(full)
+	o := newOutcome()
+	o.submit(g, "served", Request{Tenant: "a", Band: Standard})
+	o.submit(g, "expires", Request{Tenant: "b", Band: Standard})
+	clk.advance(3 * time.Second)
+	g.done()
+	if tk := o.tk["served"]; tk == nil || tk.Waited != 3*time.Second {
+		t.Fatalf("served ticket %+v; want Waited 3s on the injected clock", tk)
+	}
+	clk.advance(2*time.Second - time.Nanosecond)
+	if _, released := o.result("expires"); released {
+		t.Fatal("timed out before 5s")
+	}
+	clk.advance(time.Nanosecond)
+	if r := o.reason(t, "expires"); r != ReasonTimeout {
+		t.Fatalf("expires: %s; want timeout at 5s", r)
+	}
+	if len(clk.timers) != 0 {
+		t.Fatalf("%d timers left pending; the served waiter's timer was not stopped", len(clk.timers))
+	}
+}
