@@ -67,7 +67,20 @@ type Resolution struct {
 	Canary bool
 }
 
-// Resolver resolves public model names against one set of rewrites. It is
+// Resolver resolves public model names against one set of rewrites.
+//
+// Matching follows GIE: a rule whose matches name the model exactly beats
+// a rule without model matches (which matches every model); two rules may
+// not claim the same model, nor may two rules be generic. PoolRef is not
+// consulted: resolution happens at Tier-2, before any pool is chosen.
+//
+// When a rewrite has a Rollout, the rollout's state, not the target
+// weights, splits the rule that holds both its Stable and Canary targets:
+// the pair's combined weight is divided by CanaryWeight (so an aborted or
+// degraded canary gets nothing without rewriting the targets), other
+// targets of the rule keep their weights, and the canary is placed last.
+//
+// It is
 // safe for concurrent use; Update swaps the rewrites atomically, so a
 // request resolves against either the old or the new set, never a mix. The
 // zero Resolver matches nothing.
@@ -279,8 +292,15 @@ func compile(name string, idx int, spec *config.ModelRewriteSpec, rule config.Re
 				return nil, fmt.Errorf("rollout: %w", err)
 			}
 			if fromRollout {
-				weights[canaryAt] = pct * (MaxWeight / 100)
-				weights[stableAt] = (100 - pct) * (MaxWeight / 100)
+				// Stable and canary split their combined weight by the
+				// rollout's percentage; other targets of the rule keep
+				// theirs. Weights are scaled by 100 so the split is exact.
+				pair := weights[stableAt] + weights[canaryAt]
+				for j := range weights {
+					weights[j] *= 100
+				}
+				weights[canaryAt] = pair * pct
+				weights[stableAt] = pair * (100 - pct)
 			}
 			// The canary goes last so that it owns the top of the key space.
 			order = append(order[:canaryAt], order[canaryAt+1:]...)

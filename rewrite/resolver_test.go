@@ -383,3 +383,17 @@ func BenchmarkResolve(b *testing.B) {
 		}
 	})
 }
+
+func TestRolloutKeepsOtherTargets(t *testing.T) {
+	r := mustResolver(t, rw("agent", config.ModelRewriteSpec{
+		Rules: []config.RewriteRule{{Matches: exact("agent"), Targets: targets("v1", 500_000, "v2", 250_000, "v3", 250_000)}},
+		Rollout: &config.Rollout{Stable: "v2", Canary: "v3", Steps: []int64{20, 100}, Status: StatusProgressing,
+			Interval: config.Duration(60e9), StepStarted: "2026-11-29T10:00:00Z"},
+	}))
+	got := split(r, "agent", 10_000)
+	for target, want := range map[string]float64{"v1": 0.5, "v2": 0.4, "v3": 0.1} {
+		if math.Abs(got[target]-want) > 0.01 {
+			t.Errorf("%s: share %.4f; want %.2f (v1 keeps its half, v2/v3 split the rest 80/20)", target, got[target], want)
+		}
+	}
+}
