@@ -1,0 +1,606 @@
+// Package regions decides which cluster, in which Region, a Tier-2 request
+// goes to. It keeps the pool-health Digests every Tier-1 reports (and that
+// Tier-2 instances gossip to each other), the round trips to every Region,
+// and per-cluster outlier state, and from those it orders the clusters that
+// can serve a request: a primary and fallbacks for failover.
+//
+// It decides: which clusters are candidates (a fresh digest with ready pods
+// for the model, not ejected), how they score (the operator's kvHeadroom,
+// queueDepth, regionProximity and errorRate weights), which near-best
+// cluster is a prompt prefix's home (consistent hashing with bounded
+// loads), when a failing cluster is ejected and how it is readmitted, and
+// whether a retry fits the retry budget. It does not do I/O: Tier-2 feeds
+// it digests, round trips and request outcomes, and sends the requests.
+//
+// Everything time-dependent reads the clock given in Config.Now.
+package regions
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Request is what cluster choice needs to know about one request.
+type Request struct {
+	// Model is the target model (after rewrites): a pool's model or one of
+	// its adapters.
+	Model string
+	// PrefixHash identifies the prompt's leading prefix blocks (for example
+	// the chained block hash after the first few blocks); requests with
+	// equal PrefixHash share a home cluster. Zero means no prefix affinity.
+	PrefixHash uint64
+}
+
+// Target is one cluster chosen for a request.
+type Target struct {
+	Region  string
+	Cluster string
+	Tier1   string  // base URL of the cluster's Tier-1
+	Score   float64 // weighted score in [0, 1], before prefix affinity
+
+	c    *cluster
+	cand uint16
+	rank rank
+}
+
+// Result is the outcome of sending a request to a Target, as outlier
+// detection counts it.
+type Result uint8
+
+const (
+	// Success is any response that started (the first byte arrived),
+	// 4xx other than 429 included: the cluster answered.
+	Success Result = iota
+	// Failure is a connect error, a timeout before the first byte, or a
+	// 5xx.
+	Failure
+	// Overloaded is a 429: the cluster is healthy but shedding. It counts
+	// neither way for ejection.
+	Overloaded
+)
+
+// rank sorts candidates before score.
+type rank uint8
+
+const (
+	rankReady     rank = iota
+	rankProbation      // readmitted, not given this request
+	rankEjected        // used only when nothing else is left
+)
+
+// maxCandidates bounds the clusters considered for one model; it keeps
+// Select's bookkeeping on the stack.
+const maxCandidates = 256
+
+// Fleet is every cluster as this Tier-2 sees it. It is safe for concurrent
+// use; Select, Begin and End do not allocate and take no lock shared
+// between requests.
+type Fleet struct {
+	now    func() time.Time
+	store  *DigestStore
+	budget *RetryBudget
+
+	mu       sync.Mutex // serialises rebuilds and Update
+	cfg      Config
+	prox     *Proximity
+	clusters map[[2]string]*cluster
+	view     atomic.Pointer[view]
+}
+
+// cluster is the lasting state of one cluster: it survives view rebuilds
+// and config updates.
+type cluster struct {
+	Cluster
+	inflight     atomic.Int64
+	ejectedUntil atomic.Int64 // Unix ns; 0 means never ejected
+	probes       atomic.Uint64
+	ejectedTotal atomic.Uint64
+
+	mu          sync.Mutex
+	consecutive int
+	windowStart time.Time
+	windowReqs  int
+	windowFails int
+	ejections   int // recent, for backoff
+	lastEjected time.Time
+}
+
+// view is an immutable snapshot of everything Select reads besides the
+// per-cluster atomics.
+type view struct {
+	byModel    map[string]*modelView
+	maxTargets int
+	loadFactor float64
+	loadFloor  float64
+	spread     float64 // score a cluster may give up for prefix affinity
+	affinity   bool
+	outlier    OutlierConfig
+	proxScore  map[string]float64 // Region → proximity score used
+}
+
+type modelView struct {
+	cands []candidate
+	ring  []ringPoint
+	// members is the cluster sequence the ring was built for.
+	members []*cluster
+}
+
+type candidate struct {
+	c        *cluster
+	score    float64
+	capacity float64 // ready pods
+	expires  int64   // Unix ns when the digest goes stale
+}
+
+type ringPoint struct {
+	hash uint64
+	cand uint16
+}
+
+// NewFleet builds a Fleet with an empty DigestStore.
+func NewFleet(cfg Config) (*Fleet, error) {
+	full, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	f := &Fleet{
+		now:      full.Now,
+		store:    NewDigestStore(full.DigestMaxAge, full.Now),
+		budget:   newRetryBudget(full.Retry, full.Now),
+		clusters: make(map[[2]string]*cluster),
+	}
+	f.store.onChange = f.rebuild
+	f.apply(full, nil)
+	return f, nil
+}
+
+// Update applies a new configuration live. Cluster state (in-flight counts,
+// ejections) carries over for clusters still listed, and so do measured
+// round trips; Now is not changed.
+func (f *Fleet) Update(cfg Config) error {
+	cfg.Now = f.now
+	full, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	f.budget.setConfig(full.Retry)
+	f.mu.Lock()
+	old := f.prox
+	f.mu.Unlock()
+	f.apply(full, old)
+	return nil
+}
+
+func (f *Fleet) apply(cfg Config, oldProx *Proximity) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cfg = cfg
+	f.prox = newProximity(&cfg)
+	if oldProx != nil {
+		oldProx.mu.Lock()
+		for r, m := range oldProx.measured {
+			f.prox.measured[r] = m
+		}
+		oldProx.mu.Unlock()
+	}
+	next := make(map[[2]string]*cluster, len(cfg.Clusters))
+	for _, c := range cfg.Clusters {
+		k := [2]string{c.Region, c.Name}
+		cl := f.clusters[k]
+		if cl == nil || cl.Cluster != c {
+			// A changed address starts afresh: Select reads these fields
+			// without a lock, so they are never rewritten.
+			cl = &cluster{Cluster: c}
+		}
+		next[k] = cl
+	}
+	f.clusters = next
+	f.rebuildLocked()
+}
+
+// Digests returns the store Tier-2 feeds and registers as a gossip
+// channel.
+func (f *Fleet) Digests() *DigestStore { return f.store }
+
+// Retries returns the retry budget.
+func (f *Fleet) Retries() *RetryBudget { return f.budget }
+
+// ObserveRTT records a measured round trip from this Tier-2 to a member in
+// region (tier2/gossip's Member.RTT).
+func (f *Fleet) ObserveRTT(region string, rtt time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.prox.Observe(region, rtt)
+	v := f.view.Load()
+	used, ok := v.proxScore[region]
+	if !ok || math.Abs(used-f.proximityScore(region)) > 0.005 {
+		f.rebuildLocked()
+	}
+}
+
+// RTT returns the round trip cluster choice uses for region.
+func (f *Fleet) RTT(region string) (time.Duration, RTTSource) {
+	f.mu.Lock()
+	p := f.prox
+	f.mu.Unlock()
+	return p.RTT(region)
+}
+
+func (f *Fleet) proximityScore(region string) float64 {
+	rtt, _ := f.prox.RTT(region)
+	return 1 / (1 + float64(rtt)/float64(f.cfg.ProximityScale))
+}
+
+// score is a digest's weighted score in [0, 1].
+func (f *Fleet) score(d *Digest, prox float64) float64 {
+	w := f.cfg.Weights
+	sum := w.sum()
+	if sum == 0 {
+		return 0
+	}
+	kv := 1 - d.KVMean
+	perPod := float64(d.QueueTotal) / float64(max(1, d.ReadyPods))
+	queue := 1 / (1 + perPod/f.cfg.QueueScale)
+	errs := max(0, 1-d.ErrorRate/f.cfg.ErrorRateCeiling)
+	return (w.KVHeadroom*kv + w.QueueDepth*queue + w.RegionProximity*prox + w.ErrorRate*errs) / sum
+}
+
+func (f *Fleet) rebuild() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rebuildLocked()
+}
+
+// rebuildLocked derives a new view from the store's fresh digests.
+func (f *Fleet) rebuildLocked() {
+	old := f.view.Load()
+	sum := f.cfg.Weights.sum()
+	v := &view{
+		byModel:    make(map[string]*modelView),
+		maxTargets: f.cfg.MaxTargets,
+		loadFactor: f.cfg.LoadFactor,
+		loadFloor:  max(0, f.cfg.LoadFloor),
+		affinity:   f.cfg.Weights.PrefixAffinity > 0,
+		outlier:    f.cfg.Outlier,
+		proxScore:  make(map[string]float64),
+	}
+	if sum > 0 {
+		v.spread = f.cfg.Weights.PrefixAffinity / sum
+	} else {
+		v.spread = math.Inf(1)
+	}
+	perModel := make(map[string]map[*cluster]*candidate)
+	for _, d := range f.store.Digests() {
+		c := f.clusters[[2]string{d.Region, d.Cluster}]
+		if c == nil || d.ReadyPods == 0 {
+			continue
+		}
+		prox, ok := v.proxScore[d.Region]
+		if !ok {
+			prox = f.proximityScore(d.Region)
+			v.proxScore[d.Region] = prox
+		}
+		cd := candidate{c: c, score: f.score(&d, prox), capacity: float64(d.ReadyPods),
+			expires: d.Produced.Add(f.cfg.DigestMaxAge).UnixNano()}
+		for i := -1; i < len(d.Adapters); i++ {
+			name := d.Model
+			if i >= 0 {
+				name = d.Adapters[i]
+			}
+			m := perModel[name]
+			if m == nil {
+				m = make(map[*cluster]*candidate)
+				perModel[name] = m
+			}
+			// Two pools of one cluster serving the same name: the cluster
+			// scores as its better pool and offers both pools' pods.
+			if prev := m[c]; prev != nil {
+				better := *prev
+				if cd.score > prev.score {
+					better = cd
+				}
+				better.capacity = prev.capacity + cd.capacity
+				*prev = better
+			} else {
+				cp := cd
+				m[c] = &cp
+			}
+		}
+	}
+	for name, m := range perModel {
+		mv := &modelView{}
+		for _, cd := range m {
+			mv.cands = append(mv.cands, *cd)
+		}
+		// A stable order (by Region, then name) lets the ring be reused.
+		sortCandidates(mv.cands)
+		if len(mv.cands) > maxCandidates {
+			mv.cands = mv.cands[:maxCandidates]
+		}
+		for _, cd := range mv.cands {
+			mv.members = append(mv.members, cd.c)
+		}
+		if prev := old.modelView(name); prev != nil && sameClusters(prev.members, mv.members) {
+			mv.ring = prev.ring
+		} else {
+			mv.ring = buildRing(mv.cands, f.cfg.VirtualNodes)
+		}
+		v.byModel[name] = mv
+	}
+	f.view.Store(v)
+}
+
+func (v *view) modelView(name string) *modelView {
+	if v == nil {
+		return nil
+	}
+	return v.byModel[name]
+}
+
+func sortCandidates(cs []candidate) {
+	less := func(a, b *candidate) bool {
+		if a.c.Region != b.c.Region {
+			return a.c.Region < b.c.Region
+		}
+		return a.c.Name < b.c.Name
+	}
+	for i := 1; i < len(cs); i++ {
+		for j := i; j > 0 && less(&cs[j], &cs[j-1]); j-- {
+			cs[j], cs[j-1] = cs[j-1], cs[j]
+		}
+	}
+}
+
+func sameClusters(a, b []*cluster) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// buildRing places vnodes points per cluster. Points hash the cluster's
+// Region and name only, so every Tier-2 builds the same ring and agrees on
+// each prefix's home.
+func buildRing(cands []candidate, vnodes int) []ringPoint {
+	ring := make([]ringPoint, 0, len(cands)*vnodes)
+	var buf []byte
+	for i, cd := range cands {
+		for v := range vnodes {
+			buf = append(buf[:0], cd.c.Region...)
+			buf = append(buf, '/')
+			buf = append(buf, cd.c.Name...)
+			buf = append(buf, '#')
+			buf = strconv.AppendInt(buf, int64(v), 10)
+			ring = append(ring, ringPoint{hash: xxhash.Sum64(buf), cand: uint16(i)})
+		}
+	}
+	sortRing(ring)
+	return ring
+}
+
+func sortRing(r []ringPoint) {
+	slices.SortFunc(r, func(a, b ringPoint) int {
+		if c := cmp.Compare(a.hash, b.hash); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.cand, b.cand)
+	})
+}
+
+// Select appends to dst[:0] the clusters for req, best first: the primary,
+// then fallbacks in order, at most Config.MaxTargets. It returns nil-length
+// when no cluster serves req.Model with a fresh digest.
+//
+// Ordering: candidates are the clusters with a fresh digest showing ready
+// pods for the model; ejected clusters are left out (unless every
+// candidate is ejected: then they are returned as a last resort), and a
+// readmitted cluster still on its ramp takes its current share of requests
+// and sits behind the others for the rest. Among the rest, by score; the
+// primary is then chosen among the near-best (within the prefix-affinity
+// spread) by consistent hashing with bounded loads on req.PrefixHash, or as
+// the least loaded relative to ready pods when there is no prefix.
+//
+// dst's capacity is reused: pass a buffer with room for every candidate (a
+// per-request or pooled slice) and Select does not allocate.
+func (f *Fleet) Select(dst []Target, req Request) []Target {
+	dst = dst[:0]
+	v := f.view.Load()
+	mv := v.byModel[req.Model]
+	if mv == nil {
+		return dst
+	}
+	now := f.now().UnixNano()
+	for i := range mv.cands {
+		cd := &mv.cands[i]
+		if now >= cd.expires {
+			continue
+		}
+		dst = append(dst, Target{
+			Region: cd.c.Region, Cluster: cd.c.Name, Tier1: cd.c.Tier1, Score: cd.score,
+			c: cd.c, cand: uint16(i), rank: cd.c.admission(now, &v.outlier),
+		})
+	}
+	if len(dst) == 0 {
+		return dst
+	}
+	sortTargets(dst)
+
+	// The home set: the leading targets of the best rank whose score is
+	// within the spread of the best.
+	best := dst[0].Score
+	h := 1
+	for h < len(dst) && dst[h].rank == dst[0].rank && dst[h].Score >= best-v.spread-1e-12 {
+		h++
+	}
+	if h > 1 {
+		home := f.home(dst[:h], mv, v, req.PrefixHash)
+		if home > 0 {
+			t := dst[home]
+			copy(dst[1:home+1], dst[:home])
+			dst[0] = t
+		}
+	}
+	// Ejected clusters are a last resort only.
+	if dst[0].rank != rankEjected {
+		for len(dst) > 0 && dst[len(dst)-1].rank == rankEjected {
+			dst = dst[:len(dst)-1]
+		}
+	}
+	if len(dst) > v.maxTargets {
+		dst = dst[:v.maxTargets]
+	}
+	return dst
+}
+
+// home picks the primary among the interchangeable targets set.
+func (f *Fleet) home(set []Target, mv *modelView, v *view, prefix uint64) int {
+	var load, capacity float64
+	for i := range set {
+		load += float64(set[i].c.inflight.Load())
+		capacity += mv.cands[set[i].cand].capacity
+	}
+	// Bounded loads: after this assignment no member may hold more than
+	// LoadFactor × its share (by capacity) of the set's requests, or the
+	// floor of LoadFloor per ready pod when that is more.
+	fits := func(i int) bool {
+		c := mv.cands[set[i].cand].capacity
+		limit := max(math.Ceil(v.loadFactor*(load+1)*c/capacity), v.loadFloor*c)
+		return float64(set[i].c.inflight.Load())+1 <= limit
+	}
+	if v.affinity && prefix != 0 && len(mv.ring) > 0 {
+		var pos [maxCandidates]uint16 // candidate → position in set + 1
+		for i := range set {
+			pos[set[i].cand] = uint16(i + 1)
+		}
+		ring := mv.ring
+		lo, hi := 0, len(ring)
+		for lo < hi {
+			mid := int(uint(lo+hi) >> 1)
+			if ring[mid].hash < prefix {
+				lo = mid + 1
+			} else {
+				hi = mid
+			}
+		}
+		var tried [maxCandidates / 64]uint64
+		for n := 0; n < len(ring); n++ {
+			p := ring[(lo+n)%len(ring)]
+			at := pos[p.cand]
+			if at == 0 || tried[p.cand/64]&(1<<(p.cand%64)) != 0 {
+				continue
+			}
+			tried[p.cand/64] |= 1 << (p.cand % 64)
+			if fits(int(at - 1)) {
+				return int(at - 1)
+			}
+		}
+	}
+	// No prefix (or, impossibly, every member full): the least loaded
+	// relative to capacity; ties keep score order.
+	bestI, bestLoad := 0, math.Inf(1)
+	for i := range set {
+		l := (float64(set[i].c.inflight.Load()) + 1) / mv.cands[set[i].cand].capacity
+		if l < bestLoad {
+			bestI, bestLoad = i, l
+		}
+	}
+	return bestI
+}
+
+// sortTargets orders by rank, then score (higher first), then Region and
+// name; an insertion sort, as lists are short and must not allocate.
+func sortTargets(ts []Target) {
+	less := func(a, b *Target) bool {
+		if a.rank != b.rank {
+			return a.rank < b.rank
+		}
+		if a.Score != b.Score {
+			return a.Score > b.Score
+		}
+		if a.Region != b.Region {
+			return a.Region < b.Region
+		}
+		return a.Cluster < b.Cluster
+	}
+	for i := 1; i < len(ts); i++ {
+		for j := i; j > 0 && less(&ts[j], &ts[j-1]); j-- {
+			ts[j], ts[j-1] = ts[j-1], ts[j]
+		}
+	}
+}
+
+// Begin counts a request as in flight to t, for bounded loads. Pair every
+// Begin with one End.
+func (f *Fleet) Begin(t Target) {
+	if t.c != nil {
+		t.c.inflight.Add(1)
+	}
+}
+
+// End records the outcome of a request begun on t and ends its in-flight
+// count. A Failure may eject the cluster.
+func (f *Fleet) End(t Target, r Result) {
+	if t.c == nil {
+		return
+	}
+	t.c.inflight.Add(-1)
+	t.c.record(f.now(), r, &f.view.Load().outlier)
+}
+
+// ClusterStatus is one cluster's state, for metrics and debugging.
+type ClusterStatus struct {
+	Region, Cluster string
+	InFlight        int64
+	Ejected         bool
+	// ReadmitShare is the share of requests a cluster on its readmission
+	// ramp gets; 1 when not ramping.
+	ReadmitShare float64
+	EjectedUntil time.Time // zero if never ejected
+	Ejections    uint64    // total so far
+}
+
+// Status reports every configured cluster, ordered by Region and name.
+func (f *Fleet) Status() []ClusterStatus {
+	f.mu.Lock()
+	cs := make([]*cluster, 0, len(f.clusters))
+	for _, c := range f.clusters {
+		cs = append(cs, c)
+	}
+	f.mu.Unlock()
+	slices.SortFunc(cs, func(a, b *cluster) int {
+		if c := cmp.Compare(a.Region, b.Region); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
+	now := f.now().UnixNano()
+	o := &f.view.Load().outlier
+	out := make([]ClusterStatus, 0, len(cs))
+	for _, c := range cs {
+		st := ClusterStatus{Region: c.Region, Cluster: c.Name, InFlight: c.inflight.Load(),
+			Ejections: c.ejectedTotal.Load(), ReadmitShare: 1}
+		if until := c.ejectedUntil.Load(); until != 0 {
+			st.EjectedUntil = time.Unix(0, until)
+			st.Ejected = now < until
+			if st.Ejected {
+				st.ReadmitShare = 0
+			} else {
+				st.ReadmitShare = readmitShare(now-until, o)
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}

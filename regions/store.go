@@ -1,0 +1,215 @@
+package regions
+
+import (
+	"bytes"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DigestStore keeps the newest fresh Digest of every pool. It is the
+// gossip channel for digests: its LocalState and Merge methods have the
+// shape of tier2/gossip's Channel, so Tier-2 registers it directly, and its
+// Publish hook sends each digest accepted locally (from the Tier-1 feed) to
+// the other Tier-2 instances.
+//
+// It is safe for concurrent use; LocalState and Merge never block on
+// anything but its own short lock.
+type DigestStore struct {
+	maxAge time.Duration
+	now    func() time.Time
+
+	mu      sync.Mutex
+	entries map[Key]*storeEntry
+
+	// publish and onChange are set before use and never changed.
+	publish  func(key string, payload []byte) error
+	onChange func()
+
+	rejected  atomic.Uint64
+	publishes atomic.Uint64
+	pubErrors atomic.Uint64
+}
+
+type storeEntry struct {
+	d       Digest
+	encoded []byte // d's encoding, reused for gossip
+}
+
+// NewDigestStore returns an empty store that ignores digests older than
+// maxAge (zero means 5 s) by the clock now (nil means time.Now).
+func NewDigestStore(maxAge time.Duration, now func() time.Time) *DigestStore {
+	if maxAge <= 0 {
+		maxAge = 5 * time.Second
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &DigestStore{maxAge: maxAge, now: now, entries: make(map[Key]*storeEntry)}
+}
+
+// SetPublish installs the hook that spreads a digest accepted through Put
+// to the other Tier-2 instances, typically
+//
+//	store.SetPublish(func(key string, p []byte) error {
+//		return node.BroadcastLatest(gossip.ChannelRegions, key, p)
+//	})
+//
+// key is unique per pool and payload a one-digest list that Merge accepts.
+// The hook is called with no lock held, from Put's goroutine; it must not
+// block. Call it before the first Put.
+func (s *DigestStore) SetPublish(f func(key string, payload []byte) error) { s.publish = f }
+
+// Put stores d if it is valid, fresh and newer than the digest held for
+// its pool, and then publishes it. It reports whether d was stored; an
+// invalid digest is an error, a stale or superseded one is not.
+func (s *DigestStore) Put(d Digest) (bool, error) {
+	if err := d.Validate(); err != nil {
+		s.rejected.Add(1)
+		return false, err
+	}
+	e := &storeEntry{d: d, encoded: d.appendBinary(nil)}
+	if !s.accept(e) {
+		return false, nil
+	}
+	if s.publish != nil {
+		s.publishes.Add(1)
+		if err := s.publish(d.Key().String(), appendList(nil, [][]byte{e.encoded})); err != nil {
+			s.pubErrors.Add(1) // push/pull still carries it
+		}
+	}
+	return true, nil
+}
+
+// accept stores e if it supersedes what is held.
+func (s *DigestStore) accept(e *storeEntry) bool {
+	now := s.now()
+	if !s.fresh(&e.d, now) {
+		return false
+	}
+	k := e.d.Key()
+	s.mu.Lock()
+	old, ok := s.entries[k]
+	// A held digest that has gone stale is replaced by any fresh one, so a
+	// producer that restarted with a lower Version is heard again.
+	if ok && s.fresh(&old.d, now) && !e.d.newer(&old.d) {
+		s.mu.Unlock()
+		return false
+	}
+	// Digests share nothing mutable with callers.
+	e.d.Adapters = append([]string(nil), e.d.Adapters...)
+	e.d.HotAdapters = append([]string(nil), e.d.HotAdapters...)
+	s.entries[k] = e
+	s.mu.Unlock()
+	if s.onChange != nil {
+		s.onChange()
+	}
+	return true
+}
+
+// fresh reports whether d may be used at now. A digest produced further in
+// the future than the age bound is refused too: its producer's clock is
+// wrong, and it would otherwise outlive its producer.
+func (s *DigestStore) fresh(d *Digest, now time.Time) bool {
+	age := now.Sub(d.Produced)
+	return age <= s.maxAge && age >= -s.maxAge
+}
+
+// Get returns the fresh digest held for k.
+func (s *DigestStore) Get(k Key) (Digest, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[k]
+	if !ok || !s.fresh(&e.d, s.now()) {
+		return Digest{}, false
+	}
+	return e.d, true
+}
+
+// Digests returns every fresh digest, ordered by key.
+func (s *DigestStore) Digests() []Digest {
+	now := s.now()
+	s.mu.Lock()
+	out := make([]Digest, 0, len(s.entries))
+	for _, e := range s.entries {
+		if s.fresh(&e.d, now) {
+			out = append(out, e.d)
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Key().String() < out[j].Key().String() })
+	return out
+}
+
+// Len returns how many digests are held, stale ones included until Sweep.
+func (s *DigestStore) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.entries)
+}
+
+// Sweep drops stale digests and returns how many. Selection already ignores
+// them; Sweep frees their memory. Call it every DigestMaxAge or so.
+func (s *DigestStore) Sweep() int {
+	now := s.now()
+	s.mu.Lock()
+	n := 0
+	for k, e := range s.entries {
+		if !s.fresh(&e.d, now) {
+			delete(s.entries, k)
+			n++
+		}
+	}
+	s.mu.Unlock()
+	if n > 0 && s.onChange != nil {
+		s.onChange()
+	}
+	return n
+}
+
+// LocalState returns every fresh digest, encoded, for a gossip push/pull.
+func (s *DigestStore) LocalState() []byte {
+	now := s.now()
+	s.mu.Lock()
+	encoded := make([][]byte, 0, len(s.entries))
+	for _, e := range s.entries {
+		if s.fresh(&e.d, now) {
+			encoded = append(encoded, e.encoded)
+		}
+	}
+	s.mu.Unlock()
+	return appendList(nil, encoded)
+}
+
+// Merge applies digests from a peer (a broadcast or its full state); each
+// is kept if it is newer than what is held. Invalid input is counted and
+// dropped. Merged digests are not published again: the gossip layer
+// relays broadcasts itself.
+func (s *DigestStore) Merge(from string, payload []byte) {
+	parts, err := splitList(payload)
+	if err != nil {
+		s.rejected.Add(1)
+		return
+	}
+	for _, p := range parts {
+		var d Digest
+		if err := d.UnmarshalBinary(p); err != nil {
+			s.rejected.Add(1)
+			continue
+		}
+		s.accept(&storeEntry{d: d, encoded: bytes.Clone(p)}) // p aliases the whole state
+	}
+}
+
+// StoreStats counts what a DigestStore refused and sent.
+type StoreStats struct {
+	Rejected      uint64 // invalid digests from Put or peers
+	Published     uint64
+	PublishErrors uint64
+}
+
+// Stats returns the store's counters.
+func (s *DigestStore) Stats() StoreStats {
+	return StoreStats{s.rejected.Load(), s.publishes.Load(), s.pubErrors.Load()}
+}
