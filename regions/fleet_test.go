@@ -128,10 +128,10 @@ func TestSelectCandidates(t *testing.T) {
 		}}, noPods, other, stray, withAdapter)
 
 		for _, c := range []struct{ model, want string }{
-			{"llama", "[lora]"},      // no ready pods and not in the config: not candidates
-			{"sql-gen", "[lora]"},    // an adapter routes to its pool's clusters
-			{"mistral", "[other]"},   // only clusters serving the model
-			{"unknown", "[]"},        // nothing serves it
+			{"llama", "[lora]"},    // no ready pods and not in the config: not candidates
+			{"sql-gen", "[lora]"},  // an adapter routes to its pool's clusters
+			{"mistral", "[other]"}, // only clusters serving the model
+			{"unknown", "[]"},      // nothing serves it
 		} {
 			if got := fmt.Sprint(names(f.Select(nil, Request{Model: c.model}))); got != c.want {
 				t.Errorf("Select(%s) = %v, want %v", c.model, got, c.want)
