@@ -113,16 +113,19 @@ func builtinProfiles() map[string]Profile {
 		BandwidthEfficiency: 0.8,
 		StepOverhead:        1500 * time.Microsecond,
 		BlockSize:           16,
-		MaxNumSeqs:          256,
-		MaxBatchedTokens:    8192,
-		MaxModelLen:         131072,
-		MaxLoRAs:            4,
+		// vLLM's OpenAI-server defaults for GPUs under 70 GiB and for A100
+		// (EngineArgs.get_batch_defaults); H100 overrides them below.
+		MaxNumSeqs:       256,
+		MaxBatchedTokens: 2048,
+		MaxModelLen:      131072,
+		MaxLoRAs:         4,
 	}
 	h100 := base
 	h100.Name, h100.GPU = "h100", "NVIDIA H100 SXM5 80GB"
 	h100.PeakFLOPS, h100.MFU = 989e12, 0.5
 	h100.MemBandwidth = 3.35e12
 	h100.NumGPUBlocks = kvBlocks(gpuMemory{total: 81559 * mib, reserve: 2e9}, h100.Model, h100.BlockSize)
+	h100.MaxNumSeqs, h100.MaxBatchedTokens = 1024, 8192 // vLLM's defaults for ≥70 GiB GPUs other than A100
 	h100.AdapterLoadTime = 15 * time.Millisecond
 
 	a100 := base
@@ -137,7 +140,6 @@ func builtinProfiles() map[string]Profile {
 	l40s.PeakFLOPS, l40s.MFU = 362e12, 0.45
 	l40s.MemBandwidth = 864e9
 	l40s.NumGPUBlocks = kvBlocks(gpuMemory{total: 46068 * mib, reserve: 1.5e9}, l40s.Model, l40s.BlockSize)
-	l40s.MaxNumSeqs = 128
 	l40s.AdapterLoadTime = 25 * time.Millisecond
 
 	a10g := base
@@ -145,9 +147,7 @@ func builtinProfiles() map[string]Profile {
 	a10g.PeakFLOPS, a10g.MFU = 125e12, 0.35
 	a10g.MemBandwidth = 600e9
 	a10g.NumGPUBlocks = kvBlocks(gpuMemory{total: 23028 * mib, reserve: 1e9}, a10g.Model, a10g.BlockSize)
-	a10g.MaxNumSeqs = 64
-	a10g.MaxBatchedTokens = 2048
-	a10g.MaxModelLen = 32768
+	a10g.MaxModelLen = 32768 // the KV cache holds about 35k tokens
 	a10g.AdapterLoadTime = 40 * time.Millisecond
 
 	return map[string]Profile{"h100": h100, "a100": a100, "l40s": l40s, "a10g": a10g}
