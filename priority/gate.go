@@ -31,6 +31,15 @@ type Config struct {
 	StandardMaxWait time.Duration
 	// CriticalMaxWait is the same for Critical requests. Zero means 30s.
 	CriticalMaxWait time.Duration
+	// CriticalReserve is the part of the pool's saturation budget kept for
+	// Critical requests: Standard and Sheddable requests are admitted only
+	// while the estimated saturation is below 1 − CriticalReserve, Critical
+	// ones while it is below 1. Zero means 0.1 (with the default
+	// thresholds, half a waiting request per pod); negative means no
+	// reserve. A larger reserve lets Critical arrivals in at once instead of
+	// after the next finished request, at the cost of shedding Sheddable
+	// and queueing Standard requests a little earlier.
+	CriticalReserve float64
 	// RetryAfter is the delay a rejection asks the client to wait
 	// (Retry-After, rounded up to whole seconds by the caller). Zero means
 	// 1s.
@@ -49,6 +58,14 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CriticalMaxWait <= 0 {
 		c.CriticalMaxWait = 30 * time.Second
+	}
+	switch {
+	case c.CriticalReserve == 0:
+		c.CriticalReserve = 0.1
+	case c.CriticalReserve < 0:
+		c.CriticalReserve = 0
+	case c.CriticalReserve > 1:
+		c.CriticalReserve = 1
 	}
 	if c.RetryAfter <= 0 {
 		c.RetryAfter = time.Second
@@ -184,9 +201,10 @@ type Admitter interface {
 // Capacity comes from two sources: Observe reports the pool's saturation
 // from fresh metrics, and between two observations the Gate counts what
 // it admitted (each raising the estimate by Saturation.PerRequest) and
-// what finished (Ticket.Done, lowering it). The pool has headroom while
-// the estimate is below 1. Saturated, the Gate behaves as a concurrency
-// limiter: each finished request lets the next waiter in.
+// what finished (Ticket.Done, lowering it). The pool has headroom for a
+// Critical request while the estimate is below 1, and for the others while
+// it is below 1 − Config.CriticalReserve. Saturated, the Gate behaves as a
+// concurrency limiter: each finished request lets the next waiter in.
 //
 // Waiters leave in this order: every Critical before any Standard; inside
 // a band, by start-time fair queueing over tenants weighted by
@@ -329,9 +347,17 @@ func (g *Gate) done() {
 	rel.run()
 }
 
-// headroom reports whether one more request may go to the pool now.
-func (g *Gate) headroom() bool {
-	return !g.obs.Known() || g.obs.Value+float64(g.inflight)*g.obs.PerRequest < 1
+// headroom reports whether one more request of band b may go to the pool
+// now.
+func (g *Gate) headroom(b Band) bool {
+	if !g.obs.Known() {
+		return true
+	}
+	limit := 1.0
+	if b < Critical {
+		limit -= g.cfg.CriticalReserve
+	}
+	return g.obs.Value+float64(g.inflight)*g.obs.PerRequest < limit
 }
 
 // Len returns the number of waiting requests.
@@ -415,7 +441,7 @@ func (g *Gate) now(r Request) (t *Ticket, err error, ok bool) {
 	case !b.valid():
 		g.mu.Unlock()
 		return nil, fmt.Errorf("priority: invalid band %d", r.Band), true
-	case g.headroom() && g.waiting(b) == 0 && (b != Sheddable || g.obs.Known()):
+	case g.headroom(b) && g.waiting(b) == 0 && (b != Sheddable || g.obs.Known()):
 		g.inflight++
 		g.mu.Unlock()
 		g.m.admitted(b, g.Tenants.label(r.Tenant), 0)
@@ -555,15 +581,18 @@ func (g *Gate) victim(b Band, tag float64) *waiter {
 
 // dispatch releases waiters while the pool has headroom.
 func (g *Gate) dispatch(rel *releases) {
-	for g.queued > 0 && g.headroom() {
+	for g.queued > 0 {
 		var w *waiter
 		for b := Critical; b >= Standard && w == nil; b-- {
-			if q := &g.bands[b]; q.n > 0 {
+			if q := &g.bands[b]; q.n > 0 && g.headroom(b) {
 				f := q.heap[0]
 				w = f.head
 				q.vtime = f.headTag
 				f.headTag += f.cost // the next head is due one share later
 			}
+		}
+		if w == nil {
+			return // no band that waits has headroom
 		}
 		g.remove(w)
 		g.inflight++

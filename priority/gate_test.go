@@ -623,3 +623,49 @@ func TestInjectedClock(t *testing.T) {
 		t.Fatalf("%d timers left pending; the served waiter's timer was not stopped", len(clk.timers))
 	}
 }
+
+func TestCriticalReserve(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		reserve  float64
+		standard int // Standard admitted before the pool is full for them
+	}{
+		{"default 0.1", 0, 18},
+		{"a quarter", 0.25, 15},
+		{"none", -1, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &Gate{}
+			g.SetConfig(Config{CriticalReserve: tc.reserve})
+			g.Observe(Saturation{Value: 0, PerRequest: 0.05, Fresh: 4}) // 20 requests' worth
+			o := newOutcome()
+			for i := 0; i < 25; i++ {
+				o.submit(g, fmt.Sprint("std-", i), Request{Tenant: "a", Band: Standard})
+			}
+			if len(o.seq) != tc.standard {
+				t.Fatalf("Standard admitted %d; want %d", len(o.seq), tc.standard)
+			}
+			o.submit(g, "shed", Request{Tenant: "b", Band: Sheddable})
+			if r := o.reason(t, "shed"); r != ReasonSaturated {
+				t.Fatalf("Sheddable: %s", r)
+			}
+			// The reserve takes Critical requests at once, up to the full pool.
+			for i := 0; i < 20-tc.standard; i++ {
+				o.submit(g, fmt.Sprint("crit-", i), Request{Tenant: "c", Band: Critical})
+			}
+			if len(o.seq) != 20 {
+				t.Fatalf("%d admitted after Critical arrivals; want the full 20", len(o.seq))
+			}
+			o.submit(g, "crit-wait", Request{Tenant: "c", Band: Critical})
+			if _, released := o.result("crit-wait"); released {
+				t.Fatal("Critical admitted beyond the full pool")
+			}
+			// A finished request goes to the waiting Critical, not Standard.
+			o.tk["std-0"].Done()
+			if o.seq[len(o.seq)-1] != "crit-wait" {
+				t.Fatalf("after one Done admitted %s; want crit-wait", o.seq[len(o.seq)-1])
+			}
+			g.check(t)
+		})
+	}
+}
