@@ -1,5 +1,7 @@
 package tier1
 
+import "math/bits"
+
 // blockTable maps a block hash to the first index node holding it. It is an
 // open-addressing table with linear probing and backward-shift deletion,
 // whose 8-byte slots hold the node (plus one, so that zeroed memory is
@@ -9,7 +11,16 @@ package tier1
 // load kept between 3/8 and 3/4.
 type blockTable struct {
 	slots []tableSlot // length a power of two, or zero
+	shift uint        // 64 − log2(len(slots))
 	n     int
+}
+
+// home is h's first probe position. Block hashes are xxHash64 values and
+// already uniform, but callers (tests, token-id schemes) may use
+// structured ones; Fibonacci hashing keeps sequential keys from forming
+// one long probe run.
+func (t *blockTable) home(h uint64) uint64 {
+	return (h * 0x9e3779b97f4a7c15) >> t.shift
 }
 
 type tableSlot struct {
@@ -25,7 +36,7 @@ func (t *blockTable) get(h uint64, x *PrefixIndex) int32 {
 	}
 	mask := uint64(len(t.slots) - 1)
 	tag := uint32(h >> 32)
-	for i := h & mask; ; i = (i + 1) & mask {
+	for i := t.home(h); ; i = (i + 1) & mask {
 		s := t.slots[i]
 		if s.node == 0 {
 			return nilNode
@@ -43,7 +54,7 @@ func (t *blockTable) set(h uint64, node int32, x *PrefixIndex) {
 	}
 	mask := uint64(len(t.slots) - 1)
 	tag := uint32(h >> 32)
-	for i := h & mask; ; i = (i + 1) & mask {
+	for i := t.home(h); ; i = (i + 1) & mask {
 		s := &t.slots[i]
 		if s.node == 0 {
 			*s = tableSlot{node: uint32(node) + 1, tag: tag}
@@ -62,7 +73,7 @@ func (t *blockTable) set(h uint64, node int32, x *PrefixIndex) {
 func (t *blockTable) del(h uint64, x *PrefixIndex) {
 	mask := uint64(len(t.slots) - 1)
 	tag := uint32(h >> 32)
-	i := h & mask
+	i := t.home(h)
 	for {
 		s := t.slots[i]
 		if s.node == 0 {
@@ -80,7 +91,7 @@ func (t *blockTable) del(h uint64, x *PrefixIndex) {
 		if s.node == 0 {
 			break
 		}
-		home := x.node(int32(s.node-1)).hash & mask
+		home := t.home(x.node(int32(s.node - 1)).hash)
 		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
 			t.slots[i] = s
 			i = j
@@ -100,13 +111,13 @@ func (t *blockTable) grow(x *PrefixIndex) {
 func (t *blockTable) resize(size int, x *PrefixIndex) {
 	old := t.slots
 	t.slots = make([]tableSlot, size)
+	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
 	mask := uint64(size - 1)
 	for _, s := range old {
 		if s.node == 0 {
 			continue
 		}
-		h := x.node(int32(s.node - 1)).hash
-		i := h & mask
+		i := t.home(x.node(int32(s.node - 1)).hash)
 		for t.slots[i].node != 0 {
 			i = (i + 1) & mask
 		}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package tier1
+
+const raceEnabled = false

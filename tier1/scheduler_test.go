@@ -1,0 +1,607 @@
+package tier1
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/request"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// newPool returns a pool with one endpoint per Metrics, named p0, p1, …,
+// scraped at t0 unless ScrapedAt is set.
+func newPool(ms ...Metrics) (*Pool, []*Endpoint) {
+	pool := NewPool()
+	eps := make([]*Endpoint, len(ms))
+	for i, m := range ms {
+		eps[i] = pool.Add(fmt.Sprintf("p%d", i), fmt.Sprintf("10.0.0.%d:8000", i))
+		if m.ScrapedAt.IsZero() {
+			m.ScrapedAt = t0
+		}
+		eps[i].SetMetrics(&m)
+	}
+	return pool, eps
+}
+
+// seeded returns a deterministic Rand for Options.
+func seeded(seed uint64) func() uint64 {
+	var mu sync.Mutex
+	r := rand.New(rand.NewPCG(seed, seed))
+	return func() uint64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return r.Uint64()
+	}
+}
+
+func newSched(t testing.TB, pool *Pool, scoring string, w config.Weights, picker string) *Scheduler {
+	t.Helper()
+	p := config.DefaultPolicy()
+	p.Weights, p.Scoring = w, scoring
+	if picker != "" {
+		p.Picker = picker
+	}
+	s, err := NewScheduler(pool, config.Scheduler{Name: "s", ModelName: "llama"}, p, Options{Rand: seeded(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func parts(t *testing.T, s *Scheduler, req *Request, scorer int) []float64 {
+	t.Helper()
+	scores, err := s.Explain(req, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float64, len(scores))
+	for i, sc := range scores {
+		out[i] = sc.Parts[scorer]
+	}
+	return out
+}
+
+func near(a, b []float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Abs(a[i]-b[i]) > 1e-9 {
+			return false
+		}
+	}
+	return true
+}
+
+// TestGIEScorers checks GIE mode against GIE's own scorer semantics and
+// test vectors (queue_test.go, kvcache, lora_affinity, prefix plugin).
+func TestGIEScorers(t *testing.T) {
+	all := config.Weights{Queue: 1, KVCache: 1, Prefix: 1, LoraAffinity: 1, RunningRequests: 1}
+	tests := []struct {
+		name   string
+		pods   []Metrics
+		req    Request
+		scorer int
+		want   []float64
+	}{
+		{"queue different", []Metrics{{Waiting: 10}, {Waiting: 5}, {Waiting: 0}}, Request{}, Queue, []float64{0, 0.5, 1}},
+		{"queue same", []Metrics{{Waiting: 5}, {Waiting: 5}}, Request{}, Queue, []float64{1, 1}},
+		{"queue zero", []Metrics{{}, {}}, Request{}, Queue, []float64{1, 1}},
+		{"running", []Metrics{{Running: 40}, {Running: 10}, {Running: 20}}, Request{}, RunningRequests, []float64{0, 1, 2.0 / 3}},
+		{"kv", []Metrics{{KVCacheUsage: 0.2}, {KVCacheUsage: 0.9}, {KVCacheUsage: 1}}, Request{}, KVCache, []float64{0.8, 0.1, 0}},
+		{"lora steps", []Metrics{
+			{RunningAdapters: []string{"a"}, MaxLoRA: 1},                                      // running
+			{RunningAdapters: []string{"b"}, MaxLoRA: 4},                                      // free slot
+			{RunningAdapters: []string{"b", "c"}, WaitingAdapters: []string{"a"}, MaxLoRA: 3}, // waiting, full
+			{RunningAdapters: []string{"b", "c"}, MaxLoRA: 2},                                 // must evict
+		}, Request{Model: "llama", Adapter: "a"}, LoraAffinity, []float64{1, 0.8, 0.6, 0}},
+		{"lora base model", []Metrics{{MaxLoRA: 2}, {MaxLoRA: 0}}, Request{Model: "llama"}, LoraAffinity, []float64{0.8, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pool, _ := newPool(tt.pods...)
+			s := newSched(t, pool, config.ScoringGIE, all, "")
+			if got := parts(t, s, &tt.req, tt.scorer); !near(got, tt.want) {
+				t.Fatalf("%s = %v, want %v", ScorerNames[tt.scorer], got, tt.want)
+			}
+		})
+	}
+}
+
+func TestGIEPrefixScorer(t *testing.T) {
+	pool, eps := newPool(Metrics{}, Metrics{}, Metrics{})
+	s := newSched(t, pool, config.ScoringGIE, config.DefaultWeights(), "")
+	body, err := request.Parse([]byte(`{"model":"llama","prompt":"`+strings.Repeat("abcdefgh", 64)+`"}`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := &Request{Model: "llama"}
+	s.Prepare(full, body)
+	if len(full.Hashes) != 8 {
+		t.Fatalf("%d hashes for 512 characters, want 8", len(full.Hashes))
+	}
+	half := &Request{Model: "llama", Hashes: full.Hashes[:4]}
+	s.Dispatch(eps[0], half, t0)
+	s.Dispatch(eps[1], full, t0)
+	if got := parts(t, s, full, Prefix); !near(got, []float64{0.5, 1, 0}) {
+		t.Fatalf("prefix = %v, want [0.5 1 0]", got)
+	}
+	// GIE seeds with the target model: an adapter's prompt matches nothing
+	// the base model was sent.
+	ad := &Request{Model: "llama", Adapter: "a"}
+	s.Prepare(ad, body)
+	if got := parts(t, s, ad, Prefix); !near(got, []float64{0, 0, 0}) {
+		t.Fatalf("adapter prefix = %v, want zeros", got)
+	}
+}
+
+func TestGIEBlockSizeAutoTune(t *testing.T) {
+	pool, _ := newPool(Metrics{BlockSize: 32})
+	s := newSched(t, pool, config.ScoringGIE, config.DefaultWeights(), "")
+	body, _ := request.Parse([]byte(`{"model":"llama","prompt":"`+strings.Repeat("x", 1024)+`"}`), 0)
+	req := &Request{Model: "llama"}
+	s.Prepare(req, body)
+	if len(req.Hashes) != 8 { // 32 tokens × 4 characters = 128-character blocks
+		t.Fatalf("GIE: %d blocks, want 8", len(req.Hashes))
+	}
+	m := newSched(t, pool, config.ScoringMeridian, config.DefaultWeights(), "")
+	m.Prepare(req, body)
+	if len(req.Hashes) != 16 { // the configured 64
+		t.Fatalf("Meridian: %d blocks, want 16", len(req.Hashes))
+	}
+}
+
+func TestMeridianScorers(t *testing.T) {
+	all := config.Weights{Queue: 1, KVCache: 1, Prefix: 1, LoraAffinity: 1, RunningRequests: 1, PredictedLatency: 1, LRU: 1}
+	tests := []struct {
+		name   string
+		pods   []Metrics
+		scorer int
+		want   []float64
+	}{
+		// 1/(1+w/4): absolute, so one pod's value does not depend on the others.
+		{"queue", []Metrics{{Waiting: 0}, {Waiting: 4}, {Waiting: 12}}, Queue, []float64{1, 0.5, 0.25}},
+		{"queue alone", []Metrics{{Waiting: 4}}, Queue, []float64{0.5}},
+		{"running", []Metrics{{Running: 0}, {Running: 64}}, RunningRequests, []float64{1, 0.5}},
+		{"kv convex", []Metrics{{KVCacheUsage: 0}, {KVCacheUsage: 0.5}, {KVCacheUsage: 1}}, KVCache, []float64{1, 0.75, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pool, _ := newPool(tt.pods...)
+			s := newSched(t, pool, config.ScoringMeridian, all, "")
+			if got := parts(t, s, &Request{Model: "llama"}, tt.scorer); !near(got, tt.want) {
+				t.Fatalf("%s = %v, want %v", ScorerNames[tt.scorer], got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMeridianAccountsForDispatchesSinceScrape(t *testing.T) {
+	pool, eps := newPool(Metrics{Waiting: 0, GPUBlocks: 1000, BlockSize: 16}, Metrics{Waiting: 0, GPUBlocks: 1000, BlockSize: 16})
+	s := newSched(t, pool, config.ScoringMeridian, config.DefaultWeights(), "")
+	req := &Request{Model: "llama", PromptTokens: 4000}
+	for range 4 {
+		s.Dispatch(eps[0], req, t0)
+	}
+	q := parts(t, s, req, Queue)
+	kv := parts(t, s, req, KVCache)
+	if !(q[0] < q[1]) || !(kv[0] < kv[1]) {
+		t.Fatalf("4 dispatches since the scrape do not lower pod 0: queue %v kv %v", q, kv)
+	}
+	// A new scrape replaces the estimate.
+	eps[0].SetMetrics(&Metrics{ScrapedAt: t0, GPUBlocks: 1000, BlockSize: 16})
+	if q := parts(t, s, req, Queue); q[0] != q[1] {
+		t.Fatalf("after a scrape: queue %v, want equal", q)
+	}
+}
+
+// TestLoadScoresMonotone: more load never raises a load score.
+func TestLoadScoresMonotone(t *testing.T) {
+	all := config.Weights{Queue: 1, KVCache: 1, Prefix: 1, LoraAffinity: 1, RunningRequests: 1, PredictedLatency: 1, LRU: 1}
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, mode := range []string{config.ScoringMeridian, config.ScoringGIE} {
+		for trial := range 200 {
+			base := Metrics{Waiting: r.IntN(20), Running: r.IntN(100), KVCacheUsage: r.Float64() * 0.9, GPUBlocks: 2000, BlockSize: 16, ScrapedAt: t0}
+			more := base
+			switch trial % 3 {
+			case 0:
+				more.Waiting += 1 + r.IntN(5)
+			case 1:
+				more.Running += 1 + r.IntN(20)
+			case 2:
+				more.KVCacheUsage = min(1, more.KVCacheUsage+0.01+r.Float64()*0.1)
+			}
+			// A third pod keeps GIE's min–max range from collapsing.
+			pool, eps := newPool(base, more, Metrics{Waiting: 40, Running: 200, KVCacheUsage: 1})
+			s := newSched(t, pool, mode, all, "")
+			req := &Request{Model: "llama", PromptTokens: 500, Hashes: seq(1, 8)}
+			s.Dispatch(eps[0], &Request{Model: "llama", Hashes: seq(1, 8)}, t0.Add(-time.Hour))
+			s.Dispatch(eps[1], &Request{Model: "llama", Hashes: seq(1, 8)}, t0.Add(-time.Hour))
+			eps[0].SetMetrics(&base)
+			eps[1].SetMetrics(&more)
+			scores, err := s.Explain(req, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range []int{Queue, RunningRequests, KVCache, Prefix, PredictedLatency} {
+				if scores[1].Parts[k] > scores[0].Parts[k]+1e-12 {
+					t.Fatalf("%s: %s rose with load: %v → %v (%+v vs %+v)", mode, ScorerNames[k],
+						scores[0].Parts[k], scores[1].Parts[k], base, more)
+				}
+			}
+		}
+	}
+}
+
+// TestZeroWeightRemovesInfluence: the total is the weighted sum of the
+// other scorers whatever the zero-weighted one says, and giving it a weight
+// does change some total (so the check can fail).
+func TestZeroWeightRemovesInfluence(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, mode := range []string{config.ScoringMeridian, config.ScoringGIE} {
+		for k := range numScorers {
+			changed := false
+			for range 20 {
+				ms := make([]Metrics, 4)
+				for i := range ms {
+					ms[i] = Metrics{Waiting: r.IntN(10), Running: r.IntN(50), KVCacheUsage: r.Float64(),
+						RunningAdapters: []string{fmt.Sprint("a", r.IntN(3))}, MaxLoRA: 1 + r.IntN(2), LoRAReported: true}
+				}
+				pool, eps := newPool(ms...)
+				w := config.Weights{Queue: 1 + r.Float64(), KVCache: r.Float64(), Prefix: 2, LoraAffinity: r.Float64(),
+					RunningRequests: r.Float64(), PredictedLatency: r.Float64(), LRU: r.Float64()}
+				ws := [numScorers]*float64{&w.Queue, &w.KVCache, &w.Prefix, &w.LoraAffinity, &w.RunningRequests, &w.PredictedLatency, &w.LRU}
+				with := *ws[k]
+				*ws[k] = 0
+				s := newSched(t, pool, mode, w, "")
+				for i := range eps {
+					s.Dispatch(eps[i], &Request{Model: "llama", Hashes: seq(1, r.IntN(8))}, t0.Add(time.Duration(r.IntN(100))*time.Second))
+				}
+				req := &Request{Model: "llama", Adapter: "a1", Hashes: seq(1+100*r.IntN(2), 8), PromptTokens: 300}
+				scores, err := s.Explain(req, t0.Add(time.Hour))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, sc := range scores {
+					want := 0.0
+					for j, v := range sc.Parts {
+						want += *ws[j] * v
+					}
+					if math.Abs(sc.Total-want) > 1e-9 {
+						t.Fatalf("%s: weight %s = 0: total %v, want %v", mode, ScorerNames[k], sc.Total, want)
+					}
+					if sc.Parts[k] != scores[0].Parts[k] && with > 0 {
+						changed = true
+					}
+				}
+			}
+			if !changed {
+				t.Errorf("%s: scorer %s never varied; the property was not exercised", mode, ScorerNames[k])
+			}
+		}
+	}
+}
+
+func TestFullPrefixHitBeatsNone(t *testing.T) {
+	for _, mode := range []string{config.ScoringMeridian, config.ScoringGIE} {
+		for _, w := range []config.Weights{config.DefaultWeights(), {Prefix: 1}, {Prefix: 1, Queue: 1, KVCache: 1, RunningRequests: 1, PredictedLatency: 1, LRU: 1, LoraAffinity: 1}} {
+			m := Metrics{Waiting: 1, Running: 5, KVCacheUsage: 0.3}
+			pool, eps := newPool(m, m, m, m)
+			s := newSched(t, pool, mode, w, "")
+			req := &Request{Model: "llama", Hashes: seq(1, 16), PromptTokens: 256}
+			s.Dispatch(eps[2], req, t0.Add(-time.Minute))
+			for _, ep := range eps {
+				ep.SetMetrics(&Metrics{Waiting: 1, Running: 5, KVCacheUsage: 0.3, ScrapedAt: t0})
+			}
+			for range 20 {
+				got, err := s.Schedule(req, t0, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got[0] != eps[2] {
+					t.Fatalf("%s %+v: picked %s, want p2 (full prefix hit)", mode, w, got[0].ID)
+				}
+			}
+		}
+	}
+}
+
+// TestNoHerdingBetweenScrapes: a burst arriving between two scrapes, when
+// one pod looked idle at the last scrape. GIE sends the whole burst there;
+// Meridian spreads it once the idle pod has its share.
+func TestNoHerdingBetweenScrapes(t *testing.T) {
+	run := func(mode string) map[string]int {
+		ms := []Metrics{{Waiting: 0, Running: 10, KVCacheUsage: 0.3}}
+		for range 3 {
+			ms = append(ms, Metrics{Waiting: 2, Running: 10, KVCacheUsage: 0.3})
+		}
+		pool, _ := newPool(ms...)
+		s := newSched(t, pool, mode, config.DefaultWeights(), "")
+		got := map[string]int{}
+		for i := range 24 {
+			req := &Request{Model: "llama", Hashes: []uint64{uint64(1000 + i)}, PromptTokens: 200}
+			eps, err := s.Schedule(req, t0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Dispatch(eps[0], req, t0)
+			got[eps[0].ID]++
+		}
+		return got
+	}
+	gie, mer := run(config.ScoringGIE), run(config.ScoringMeridian)
+	if gie["p0"] != 24 {
+		t.Errorf("GIE baseline: %v, expected the whole burst on p0", gie)
+	}
+	if mer["p0"] > 9 || len(mer) != 4 {
+		t.Errorf("Meridian herded: %v", mer)
+	}
+}
+
+func TestFilters(t *testing.T) {
+	stale := t0.Add(-10 * time.Second)
+	tests := []struct {
+		name    string
+		pods    []Metrics
+		unready []int
+		req     Request
+		want    []string // acceptable primaries
+		err     error
+	}{
+		{"stale avoided", []Metrics{{ScrapedAt: stale}, {Waiting: 30}}, nil, Request{}, []string{"p1"}, nil},
+		{"all stale fail open", []Metrics{{ScrapedAt: stale, Waiting: 9}, {ScrapedAt: stale}}, nil, Request{}, []string{"p1"}, nil},
+		{"unready never", []Metrics{{}, {Waiting: 30}}, []int{0}, Request{}, []string{"p1"}, nil},
+		{"none ready", []Metrics{{}}, []int{0}, Request{}, nil, ErrNoEndpoints},
+		{"subset", []Metrics{{}, {Waiting: 30}, {}}, nil, Request{Subset: []string{"10.0.0.1:8000"}}, []string{"p1"}, nil},
+		{"empty subset", []Metrics{{}}, nil, Request{Subset: []string{}}, nil, ErrNoEndpoints},
+		{"subset of nothing known", []Metrics{{}}, nil, Request{Subset: []string{"10.9.9.9:1"}}, nil, ErrNoEndpoints},
+		{"adapter needs lora", []Metrics{{LoRAReported: true, MaxLoRA: 0}, {LoRAReported: true, MaxLoRA: 2, Waiting: 30}}, nil,
+			Request{Adapter: "a"}, []string{"p1"}, nil},
+		{"adapter nowhere", []Metrics{{LoRAReported: true, MaxLoRA: 0}}, nil, Request{Adapter: "a"}, nil, ErrNoCapableEndpoint},
+		{"adapter unknown support", []Metrics{{}}, nil, Request{Adapter: "a"}, []string{"p0"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pool, eps := newPool(tt.pods...)
+			for _, i := range tt.unready {
+				eps[i].SetReady(false)
+			}
+			s := newSched(t, pool, config.ScoringMeridian, config.DefaultWeights(), "")
+			tt.req.Model = "llama"
+			got, err := s.Schedule(&tt.req, t0, nil)
+			if tt.err != nil {
+				if !errors.Is(err, tt.err) {
+					t.Fatalf("err = %v, want %v", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[0].ID != tt.want[0] {
+				t.Fatalf("picked %s, want %v", got[0].ID, tt.want)
+			}
+		})
+	}
+	if _, err := newSched(t, NewPool(), config.ScoringMeridian, config.DefaultWeights(), "").Schedule(&Request{}, t0, nil); !errors.Is(err, ErrNoEndpoints) {
+		t.Fatalf("empty pool: %v", err)
+	}
+}
+
+func TestFallbacksOrdered(t *testing.T) {
+	pool, _ := newPool(Metrics{Waiting: 8}, Metrics{Waiting: 0}, Metrics{Waiting: 4}, Metrics{Waiting: 2})
+	s := newSched(t, pool, config.ScoringMeridian, config.Weights{Queue: 1}, "")
+	got, err := s.Schedule(&Request{Model: "llama"}, t0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, ep := range got {
+		ids = append(ids, ep.ID)
+	}
+	if strings.Join(ids, ",") != "p1,p3,p2" {
+		t.Fatalf("picked %v, want primary p1 then fallbacks p3,p2", ids)
+	}
+}
+
+func TestPickers(t *testing.T) {
+	// Ties break at random.
+	pool, _ := newPool(Metrics{}, Metrics{}, Metrics{}, Metrics{})
+	s := newSched(t, pool, config.ScoringGIE, config.DefaultWeights(), config.PickerMaxScore)
+	seen := map[string]int{}
+	for range 400 {
+		got, _ := s.Schedule(&Request{Model: "llama"}, t0, nil)
+		seen[got[0].ID]++
+	}
+	for _, id := range []string{"p0", "p1", "p2", "p3"} {
+		if seen[id] < 60 {
+			t.Errorf("max-score tie-break: %v, want each of 4 near 100", seen)
+		}
+	}
+	// Weighted random follows the totals: queue scores 1 and 1/3 (waiting
+	// 0 and 8 at QueueHalf 4) → 75% and 25%.
+	pool, _ = newPool(Metrics{}, Metrics{Waiting: 8})
+	s = newSched(t, pool, config.ScoringMeridian, config.Weights{Queue: 1}, config.PickerWeightedRandom)
+	n0 := 0
+	for range 4000 {
+		got, _ := s.Schedule(&Request{Model: "llama"}, t0, nil)
+		if got[0].ID == "p0" {
+			n0++
+		}
+		if len(got) != 2 || got[0] == got[1] {
+			t.Fatalf("weighted-random: %v", got)
+		}
+	}
+	if f := float64(n0) / 4000; f < 0.72 || f > 0.78 {
+		t.Errorf("weighted-random: p0 share %.3f, want 0.75", f)
+	}
+	s = newSched(t, pool, config.ScoringMeridian, config.Weights{Queue: 1}, config.PickerRandom)
+	n0 = 0
+	for range 4000 {
+		got, _ := s.Schedule(&Request{Model: "llama"}, t0, nil)
+		if got[0].ID == "p0" {
+			n0++
+		}
+	}
+	if f := float64(n0) / 4000; f < 0.47 || f > 0.53 {
+		t.Errorf("random: p0 share %.3f, want 0.5", f)
+	}
+}
+
+func TestLatencyModelLearnsSlowerPod(t *testing.T) {
+	m := Metrics{Waiting: 1, Running: 8}
+	pool, eps := newPool(m, m)
+	s := newSched(t, pool, config.ScoringMeridian, config.Weights{PredictedLatency: 1}, "")
+	r := rand.New(rand.NewPCG(9, 9))
+	for i := range 300 {
+		for j, ep := range eps {
+			tokens := 200 + r.IntN(3000)
+			req := &Request{Model: "llama", PromptTokens: tokens}
+			tk := s.Dispatch(ep, req, t0)
+			// Pod 1 is a card half as fast: the same work takes twice as long.
+			ttft := (0.03 + float64(tokens)/8000) * float64(1+j)
+			tk.FirstToken(time.Duration(ttft * float64(time.Second)))
+			tk.Done()
+			ep.SetMetrics(&Metrics{Waiting: 1, Running: 8, ScrapedAt: t0})
+		}
+		_ = i
+	}
+	req := &Request{Model: "llama", PromptTokens: 2000}
+	x := latencyFeatures(1, 8, 2000, 0)
+	p0, p1 := eps[0].latency.predict(&x), eps[1].latency.predict(&x)
+	want0 := 0.03 + 2000.0/8000
+	if math.Abs(p0-want0) > 0.05 || math.Abs(p1-2*want0) > 0.1 {
+		t.Fatalf("predicted %.3fs and %.3fs, want about %.3fs and %.3fs", p0, p1, want0, 2*want0)
+	}
+	got, err := s.Schedule(req, t0, nil)
+	if err != nil || got[0] != eps[0] {
+		t.Fatalf("picked %v (%v), want the faster p0", got, err)
+	}
+	if n := eps[0].latency.observations(); n != 300 {
+		t.Fatalf("%d observations, want 300", n)
+	}
+}
+
+func TestMeridianLoraAffinity(t *testing.T) {
+	pool, eps := newPool(
+		Metrics{LoRAReported: true, MaxLoRA: 2, RunningAdapters: []string{"hot1", "hot2"}}, // must evict a hot one
+		Metrics{LoRAReported: true, MaxLoRA: 2, RunningAdapters: []string{"hot1"}},         // free slot
+		Metrics{LoRAReported: true, MaxLoRA: 2, RunningAdapters: []string{"hot2", "cold"}}, // must evict, a cold one
+		Metrics{LoRAReported: true, MaxLoRA: 2, RunningAdapters: []string{"tail", "hot1"}}, // running
+	)
+	s := newSched(t, pool, config.ScoringMeridian, config.Weights{LoraAffinity: 1}, "")
+	_ = eps
+	for i := range 100 {
+		now := t0.Add(time.Duration(i) * time.Millisecond)
+		s.pool.lora.record("hot1", now.UnixNano())
+		s.pool.lora.record("hot2", now.UnixNano())
+		if i%50 == 0 {
+			s.pool.lora.record("cold", now.UnixNano())
+			s.pool.lora.record("tail", now.UnixNano())
+		}
+	}
+	got := parts(t, s, &Request{Model: "llama", Adapter: "tail"}, LoraAffinity)
+	if !(got[3] == 1 && got[1] == 0.8 && got[2] > 0 && got[2] <= 0.4 && got[0] == 0) {
+		t.Fatalf("loraAffinity = %v, want running 1 > free 0.8 > evict-cold (0, 0.4] > evict-hot 0", got)
+	}
+	// A dispatch since the scrape takes the free slot.
+	s.Dispatch(eps[1], &Request{Model: "llama", Adapter: "other"}, t0)
+	if got := parts(t, s, &Request{Model: "llama", Adapter: "tail"}, LoraAffinity); got[1] >= 0.8 {
+		t.Fatalf("free slot still free after a dispatch of another adapter: %v", got)
+	}
+	if got := parts(t, s, &Request{Model: "llama", Adapter: "other"}, LoraAffinity); got[1] != 0.9 {
+		t.Fatalf("adapter dispatched since the scrape: %v, want 0.9 on p1", got)
+	}
+	if got := parts(t, s, &Request{Model: "llama"}, LoraAffinity); !near(got, []float64{1, 1, 1, 1}) {
+		t.Fatalf("base model: %v, want no preference", got)
+	}
+}
+
+func TestLRUSpreadsColdPrompts(t *testing.T) {
+	pool, eps := newPool(Metrics{}, Metrics{}, Metrics{})
+	s := newSched(t, pool, config.ScoringMeridian, config.Weights{LRU: 1}, "")
+	for i, ep := range eps {
+		s.Dispatch(ep, &Request{Model: "llama"}, t0.Add(time.Duration(i)*time.Second))
+	}
+	if got := parts(t, s, &Request{Model: "llama", Hashes: seq(50, 4)}, LRU); !near(got, []float64{1, 0.5, 0}) {
+		t.Fatalf("cold prompt: lru = %v, want [1 0.5 0]", got)
+	}
+	s.Dispatch(eps[2], &Request{Model: "llama", Hashes: seq(50, 4)}, t0.Add(time.Minute))
+	if got := parts(t, s, &Request{Model: "llama", Hashes: seq(50, 4)}, LRU); !near(got, []float64{1, 1, 1}) {
+		t.Fatalf("prompt with a hit: lru = %v, want neutral", got)
+	}
+}
+
+func TestPrefixEventsBetweenReplicas(t *testing.T) {
+	// Two replicas, each with its own pool for the same pods.
+	poolA, epsA := newPool(Metrics{}, Metrics{})
+	poolB, _ := newPool(Metrics{}, Metrics{})
+	a := newSched(t, poolA, config.ScoringMeridian, config.DefaultWeights(), "")
+	b := newSched(t, poolB, config.ScoringMeridian, config.DefaultWeights(), "")
+	req := &Request{Model: "llama", Hashes: seq(1, 10)}
+	a.Dispatch(epsA[1], req, t0)
+	ev := PrefixEvent{Endpoint: epsA[1].ID, Stamp: t0.UnixNano(), Hashes: req.Hashes}
+	for range 2 { // idempotent
+		if !b.ApplyPrefixEvent(ev) {
+			t.Fatal("event for a known endpoint dropped")
+		}
+	}
+	if got := parts(t, b, req, Prefix); !near(got, []float64{0, 1}) {
+		t.Fatalf("replica B prefix = %v, want [0 1]", got)
+	}
+	if b.ApplyPrefixEvent(PrefixEvent{Endpoint: "gone", Hashes: req.Hashes}) {
+		t.Fatal("event for an unknown endpoint applied")
+	}
+	if !a.SharesPrefixIndex() || newSched(t, poolA, config.ScoringGIE, config.DefaultWeights(), "").SharesPrefixIndex() {
+		t.Fatal("SharesPrefixIndex: want Meridian true, GIE false")
+	}
+}
+
+func TestNewSchedulerRejectsBadPolicy(t *testing.T) {
+	p := config.DefaultPolicy()
+	cases := map[string]func(*config.SchedulerPolicy){
+		"scoring": func(p *config.SchedulerPolicy) { p.Scoring = "best" },
+		"picker":  func(p *config.SchedulerPolicy) { p.Picker = "first" },
+		"weight":  func(p *config.SchedulerPolicy) { p.Weights.Queue = -1 },
+		"nan":     func(p *config.SchedulerPolicy) { p.Weights.LRU = math.NaN() },
+	}
+	for name, mod := range cases {
+		q := p
+		mod(&q)
+		if _, err := NewScheduler(NewPool(), config.Scheduler{Name: "x"}, q, Options{}); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	if _, err := NewScheduler(nil, config.Scheduler{Name: "x"}, p, Options{}); err == nil {
+		t.Error("nil pool: no error")
+	}
+}
+
+func TestPoolMembership(t *testing.T) {
+	pool, eps := newPool(Metrics{}, Metrics{})
+	s := newSched(t, pool, config.ScoringMeridian, config.DefaultWeights(), "")
+	s.Dispatch(eps[0], &Request{Model: "llama", Hashes: seq(1, 4)}, t0)
+	if pool.Add("p0", eps[0].Address) != eps[0] {
+		t.Fatal("Add of an existing endpoint replaced it")
+	}
+	pool.Remove("p0")
+	if pool.Endpoint("p0") != nil || len(pool.Endpoints()) != 1 || pool.PrefixIndex().Len() != 0 {
+		t.Fatal("Remove left state behind")
+	}
+	ep := pool.Add("p9", "10.0.0.9:8000")
+	if ep.slot != eps[0].slot {
+		t.Fatalf("slot %d not reused (want %d)", ep.slot, eps[0].slot)
+	}
+	moved := pool.Add("p1", "10.0.1.1:8000")
+	if moved == eps[1] || moved.Address != "10.0.1.1:8000" {
+		t.Fatal("a new address did not make a new endpoint")
+	}
+}
