@@ -63,8 +63,10 @@ type Resolution struct {
 	// Rewrite names the InferenceModelRewrite that matched; empty when none
 	// did.
 	Rewrite string
-	// Canary reports that Target is the rewrite's rollout canary.
-	Canary bool
+	// Canary and Stable report that Target is the rewrite's rollout canary
+	// or stable target (both false without a rollout), so the caller can
+	// attribute the request's outcome to one side of the canary analysis.
+	Canary, Stable bool
 }
 
 // Resolver resolves public model names against one set of rewrites.
@@ -136,6 +138,7 @@ func (r *Resolver) Resolve(req Request) (res Resolution, ok bool) {
 	res.Clusters = tg.clusters
 	res.Rewrite = rt.rewrite
 	res.Canary = tg.canary
+	res.Stable = tg.stable
 	return res, true
 }
 
@@ -156,9 +159,9 @@ type route struct {
 }
 
 type target struct {
-	model    string
-	clusters []string
-	canary   bool
+	model          string
+	clusters       []string
+	canary, stable bool
 }
 
 // pick maps key to a target index. The hash is read as a fraction of 2^64
@@ -256,7 +259,7 @@ func compile(name string, idx int, spec *config.ModelRewriteSpec, rule config.Re
 	rt.seed = xxhash.Sum64String(salt)
 
 	weights := make([]int64, len(rule.Targets))
-	canaryAt := -1
+	canaryAt, stableAt := -1, -1
 	for j, tg := range rule.Targets {
 		if tg.ModelRewrite == "" {
 			return nil, fmt.Errorf("targets[%d].modelRewrite: required", j)
@@ -276,7 +279,6 @@ func compile(name string, idx int, spec *config.ModelRewriteSpec, rule config.Re
 		order[j] = j
 	}
 	if ro := spec.Rollout; ro != nil {
-		stableAt := -1
 		for j, tg := range rule.Targets {
 			switch tg.ModelRewrite {
 			case ro.Canary:
@@ -306,7 +308,7 @@ func compile(name string, idx int, spec *config.ModelRewriteSpec, rule config.Re
 			order = append(order[:canaryAt], order[canaryAt+1:]...)
 			order = append(order, canaryAt)
 		} else {
-			canaryAt = -1
+			canaryAt, stableAt = -1, -1
 		}
 	}
 	var sum uint64
@@ -320,6 +322,7 @@ func compile(name string, idx int, spec *config.ModelRewriteSpec, rule config.Re
 			model:    tg.ModelRewrite,
 			clusters: clip(tg.Clusters),
 			canary:   j == canaryAt,
+			stable:   j == stableAt,
 		})
 		rt.cum = append(rt.cum, sum)
 	}

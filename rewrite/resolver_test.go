@@ -220,8 +220,8 @@ func TestRolloutDrivesSplit(t *testing.T) {
 		m := map[int]bool{}
 		for i := 0; i < n; i++ {
 			res, _ := r.Resolve(Request{Model: "agent", Tenant: fmt.Sprint(i)})
-			if res.Canary != (res.Target == "v3") {
-				t.Fatalf("Canary flag %v for target %s", res.Canary, res.Target)
+			if res.Canary != (res.Target == "v3") || res.Stable != (res.Target == "v2") {
+				t.Fatalf("Canary %v, Stable %v for target %s", res.Canary, res.Stable, res.Target)
 			}
 			if res.Canary {
 				if len(res.Clusters) != 1 || res.Clusters[0] != "us-east-1a" {
