@@ -19,6 +19,7 @@
 package rewrite
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"net/textproto"
@@ -151,7 +152,6 @@ type table struct {
 // route is one rule, compiled.
 type route struct {
 	rewrite string
-	rule    int
 	header  string // canonical header name; empty: key on the tenant
 	seed    uint64
 	targets []target
@@ -199,9 +199,18 @@ func build(rewrites map[string]*config.ModelRewrite) (*table, error) {
 		if mr.Metadata.Name != "" {
 			name = mr.Metadata.Name
 		}
+		sk, err := stickinessOf(mr.Spec.Stickiness)
+		if err != nil {
+			return nil, fmt.Errorf("rewrite: InferenceModelRewrite %q: spec.stickiness%w", name, err)
+		}
+		if ro := mr.Spec.Rollout; ro != nil {
+			if _, _, err := CanaryWeight(*ro); err != nil {
+				return nil, fmt.Errorf("rewrite: InferenceModelRewrite %q: spec.rollout: %w", name, err)
+			}
+		}
 		for i, rule := range mr.Spec.Rules {
 			where := fmt.Sprintf("InferenceModelRewrite %q: spec.rules[%d]", name, i)
-			rt, err := compile(name, i, &mr.Spec, rule)
+			rt, err := compile(name, sk, mr.Spec.Rollout, rule)
 			if err != nil {
 				return nil, fmt.Errorf("rewrite: %s: %w", where, err)
 			}
@@ -236,27 +245,42 @@ func build(rewrites map[string]*config.ModelRewrite) (*table, error) {
 	return t, nil
 }
 
-func compile(name string, idx int, spec *config.ModelRewriteSpec, rule config.RewriteRule) (*route, error) {
-	if len(rule.Targets) == 0 {
-		return nil, fmt.Errorf("targets: at least one target is required")
-	}
-	rt := &route{rewrite: name, rule: idx}
+// stickiness is a rewrite's compiled Stickiness.
+type stickiness struct {
+	header string // canonical header name; empty: key on the tenant
+	seed   uint64 // hash of the salt
+}
+
+// stickinessOf compiles st; its errors start with the field path below
+// spec.stickiness.
+func stickinessOf(st *config.Stickiness) (stickiness, error) {
+	var sk stickiness
 	salt := ""
-	if st := spec.Stickiness; st != nil {
+	if st != nil {
 		salt = st.Salt
 		switch st.Key {
 		case "", "tenant":
 		case "header":
 			if st.Header == "" {
-				return nil, fmt.Errorf("stickiness.header: required when key is header")
+				return sk, errors.New(".header: required when key is header")
 			}
-			rt.header = textproto.CanonicalMIMEHeaderKey(st.Header)
+			sk.header = textproto.CanonicalMIMEHeaderKey(st.Header)
 		default:
-			return nil, fmt.Errorf("stickiness.key: want tenant or header, got %q", st.Key)
+			return sk, fmt.Errorf(".key: want tenant or header, got %q", st.Key)
 		}
 	}
 	// The salt is hashed once here; each request then seeds its hash with it.
-	rt.seed = xxhash.Sum64String(salt)
+	sk.seed = xxhash.Sum64String(salt)
+	return sk, nil
+}
+
+// compile builds one rule; ro is the rewrite's rollout (nil if none),
+// already checked.
+func compile(name string, sk stickiness, ro *config.Rollout, rule config.RewriteRule) (*route, error) {
+	if len(rule.Targets) == 0 {
+		return nil, fmt.Errorf("targets: at least one target is required")
+	}
+	rt := &route{rewrite: name, header: sk.header, seed: sk.seed}
 
 	weights := make([]int64, len(rule.Targets))
 	canaryAt, stableAt := -1, -1
@@ -278,7 +302,7 @@ func compile(name string, idx int, spec *config.ModelRewriteSpec, rule config.Re
 	for j := range order {
 		order[j] = j
 	}
-	if ro := spec.Rollout; ro != nil {
+	if ro != nil {
 		for j, tg := range rule.Targets {
 			switch tg.ModelRewrite {
 			case ro.Canary:
@@ -289,11 +313,7 @@ func compile(name string, idx int, spec *config.ModelRewriteSpec, rule config.Re
 		}
 		if canaryAt >= 0 && stableAt >= 0 {
 			// The rollout, not the targets, holds this rule's split.
-			pct, fromRollout, err := CanaryWeight(*ro)
-			if err != nil {
-				return nil, fmt.Errorf("rollout: %w", err)
-			}
-			if fromRollout {
+			if pct, fromRollout, _ := CanaryWeight(*ro); fromRollout {
 				// Stable and canary split their combined weight by the
 				// rollout's percentage; other targets of the rule keep
 				// theirs. Weights are scaled by 100 so the split is exact.
