@@ -51,6 +51,7 @@ func (e *Engine) AddPod(cfg PodConfig) (*Pod, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.engine = e
 	p.stepEnd = func() { e.endStep(p) }
 	e.pods = append(e.pods, p)
 	return p, nil
@@ -92,7 +93,13 @@ func (e *Engine) Every(period time.Duration, f func()) (stop func()) {
 // goroutine, with its outcome: at completion, at failure, or (for an
 // immediate refusal) at Now after the current callback returns.
 func (e *Engine) Submit(p *Pod, r *Request, done func(Outcome)) {
-	if err := p.Submit(e.now, r, done); err != nil {
+	var err error
+	if p.engine != e {
+		err = fmt.Errorf("pod %s was not added to this engine: %w", p.Name(), ErrInvalidRequest)
+	} else {
+		err = p.Submit(e.now, r, done)
+	}
+	if err != nil {
 		o := Outcome{Request: r, Pod: p.Name(), Arrival: e.now, FirstToken: -1, Finish: e.now, Err: err}
 		e.push(e.now, func() { done(o) }, false)
 		return

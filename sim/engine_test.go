@@ -176,3 +176,17 @@ func TestEngineClock(t *testing.T) {
 		t.Errorf("stopped ticker ran: %v", ticks)
 	}
 }
+
+func TestSubmitToForeignPod(t *testing.T) {
+	p, err := NewPod(PodConfig{Name: "stray", Profile: mustProfile(t, "h100")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEngine(1)
+	var got Outcome
+	e.Submit(p, req(10, 1), func(o Outcome) { got = o })
+	e.Run()
+	if !errors.Is(got.Err, ErrInvalidRequest) || p.Busy() {
+		t.Errorf("outcome %+v, pod busy %v", got, p.Busy())
+	}
+}

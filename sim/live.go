@@ -57,6 +57,7 @@ type LivePod struct {
 
 	kick      chan struct{} // wakes the driver when work arrives or faults change
 	stop      context.CancelFunc
+	unhook    func() bool     // stops the close-on-ctx hook
 	stopping  <-chan struct{} // closed when Close begins
 	driven    chan struct{}   // closed when the driver has exited
 	closeOnce sync.Once
@@ -156,7 +157,7 @@ func StartPod(ctx context.Context, spec PodSpec, port int) (*LivePod, error) {
 	}
 	go lp.drive(dctx)
 	go lp.srv.Serve(ln)
-	context.AfterFunc(ctx, func() { lp.Close() })
+	lp.unhook = context.AfterFunc(ctx, func() { lp.Close() })
 	return lp, nil
 }
 
@@ -208,6 +209,7 @@ func (lp *LivePod) SetFaults(f Faults) error {
 func (lp *LivePod) Close() error {
 	var err error
 	lp.closeOnce.Do(func() {
+		lp.unhook()
 		lp.stop()
 		err = lp.srv.Close()
 		<-lp.driven
@@ -293,7 +295,7 @@ func (lp *LivePod) submit(lr *liveRequest, stream bool) error {
 	lr.req.ID = lp.pod.Name() + "-" + strconv.FormatUint(lp.nextID, 10)
 	err := lp.pod.Submit(lp.now(), &lr.req, lr)
 	if err == nil && stream {
-		lp.pod.watch(&lr.req)
+		lp.pod.Watch(&lr.req)
 	}
 	lp.mu.Unlock()
 	if err == nil {

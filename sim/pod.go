@@ -71,6 +71,7 @@ type Pod struct {
 	stats  podStats
 
 	// Engine bookkeeping; unused by other drivers.
+	engine   *Engine
 	stepping bool
 	stepEnd  func()
 }
@@ -227,8 +228,10 @@ func (p *Pod) Submit(now time.Duration, r *Request, tag any) error {
 	return nil
 }
 
-// watch asks for EventToken events for the request submitted with r.
-func (p *Pod) watch(r *Request) {
+// Watch asks for an EventToken event at every step that gives the request
+// submitted as r new tokens (a streaming client). Unwatched requests report
+// only their end.
+func (p *Pod) Watch(r *Request) {
 	if s := p.byReq[r]; s != nil {
 		s.watch = true
 	}
