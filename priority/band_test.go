@@ -199,3 +199,17 @@ func TestGIEGate(t *testing.T) {
 	var _ Admitter = g
 	var _ Admitter = &Gate{}
 }
+
+func TestDigestAge(t *testing.T) {
+	s := Saturation{Value: 0.4, PerRequest: 0.05, Fresh: 4, Stale: 1}
+	th := Thresholds{StaleAfter: 3 * time.Second}
+	if got := th.Digest(s, 2*time.Second); got != s {
+		t.Fatalf("fresh digest changed: %+v", got)
+	}
+	if got := th.Digest(s, 4*time.Second); got.Known() || got.Stale != 5 {
+		t.Fatalf("old digest %+v; want unknown with 5 stale pods", got)
+	}
+	if got := GIEThresholds().Digest(s, time.Second); !got.Saturated() {
+		t.Fatalf("GIE rule: a 1 s old digest %+v should count as saturated", got)
+	}
+}

@@ -46,29 +46,43 @@ type Config struct {
 	RetryAfter time.Duration
 }
 
+// DefaultConfig returns the defaults spelled out; the zero Config means the
+// same.
+func DefaultConfig() Config {
+	return Config{
+		MaxQueued:       1000,
+		MaxQueuedBytes:  256 << 20,
+		StandardMaxWait: 10 * time.Second,
+		CriticalMaxWait: 30 * time.Second,
+		CriticalReserve: 0.1,
+		RetryAfter:      time.Second,
+	}
+}
+
 func (c Config) withDefaults() Config {
+	d := DefaultConfig()
 	if c.MaxQueued <= 0 {
-		c.MaxQueued = 1000
+		c.MaxQueued = d.MaxQueued
 	}
 	if c.MaxQueuedBytes <= 0 {
-		c.MaxQueuedBytes = 256 << 20
+		c.MaxQueuedBytes = d.MaxQueuedBytes
 	}
 	if c.StandardMaxWait <= 0 {
-		c.StandardMaxWait = 10 * time.Second
+		c.StandardMaxWait = d.StandardMaxWait
 	}
 	if c.CriticalMaxWait <= 0 {
-		c.CriticalMaxWait = 30 * time.Second
+		c.CriticalMaxWait = d.CriticalMaxWait
 	}
 	switch {
 	case c.CriticalReserve == 0:
-		c.CriticalReserve = 0.1
+		c.CriticalReserve = d.CriticalReserve
 	case c.CriticalReserve < 0:
 		c.CriticalReserve = 0
 	case c.CriticalReserve > 1:
 		c.CriticalReserve = 1
 	}
 	if c.RetryAfter <= 0 {
-		c.RetryAfter = time.Second
+		c.RetryAfter = d.RetryAfter
 	}
 	return c
 }

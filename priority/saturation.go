@@ -127,6 +127,21 @@ func (t Thresholds) Pool(pods []PodLoad) Saturation {
 	return s
 }
 
+// Digest applies the staleness rule to a saturation received in a health
+// digest of the given age (Tier-2): a digest older than StaleAfter counts
+// as if all its pods were stale, so that cluster is blind, not trusted on
+// old numbers nor counted as full.
+func (t Thresholds) Digest(s Saturation, age time.Duration) Saturation {
+	t = t.withDefaults()
+	if age <= t.StaleAfter {
+		return s
+	}
+	if t.StaleIsSaturated {
+		return Saturation{Value: 1, Fresh: s.Fresh + s.Stale, Stale: s.Fresh + s.Stale}
+	}
+	return Saturation{Stale: s.Fresh + s.Stale}
+}
+
 // Combine merges the saturations of pools that can serve the same request
 // (one model's pools in several clusters) into one, weighting each by its
 // fresh pods, as if they were one pool.
