@@ -12,6 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"sigs.k8s.io/yaml"
+
+	"github.com/meridian-router/meridian/config"
 )
 
 // PodSpec describes live pods to start with StartPods.
@@ -364,4 +367,25 @@ func StartFleet(ctx context.Context, f *Fleet, spec PodSpec) ([]*LivePod, error)
 		pods = append(pods, lp)
 	}
 	return pods, nil
+}
+
+// StaticEndpoints describes live pods as a Meridian StaticEndpoints
+// object named name, ready to add to a configuration directory: one
+// endpoint per pod with its address and labels.
+func StaticEndpoints(name string, pods []*LivePod) ([]byte, error) {
+	obj := config.StaticEndpoints{
+		APIVersion: config.MeridianV1Alpha1,
+		Kind:       config.KindStaticEndpoints,
+		Metadata:   config.Metadata{Name: name},
+	}
+	for _, p := range pods {
+		obj.Spec.Endpoints = append(obj.Spec.Endpoints, config.StaticEndpoint{
+			Name: p.Name(), Address: p.Addr(), Labels: p.Labels(),
+		})
+	}
+	b, err := yaml.Marshal(obj)
+	if err != nil {
+		return nil, fmt.Errorf("sim: static endpoints: %w", err)
+	}
+	return b, nil
 }

@@ -14,6 +14,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/meridian-router/meridian/config"
 )
 
 const testModel = "meta-llama/Llama-3.1-8B-Instruct"
@@ -399,5 +401,28 @@ func TestLiveModelsAndHealth(t *testing.T) {
 	lp.Close()
 	if _, err := http.Get(lp.URL() + "/health"); err == nil {
 		t.Error("closed pod still answers")
+	}
+}
+
+func TestStaticEndpoints(t *testing.T) {
+	pods := startLive(t, PodSpec{Pod: PodConfig{Labels: map[string]string{"gpu": "h100", "region": "r1"}}}, 2)
+	b, err := StaticEndpoints("sim", pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, errs := config.Decode("sim.yaml", b)
+	if err := errs.Err(); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	snap, err := config.Build(docs, 1)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	if len(snap.StaticEndpoints) != 1 || len(snap.StaticEndpoints[0].Spec.Endpoints) != 2 {
+		t.Fatalf("snapshot %+v", snap.StaticEndpoints)
+	}
+	ep := snap.StaticEndpoints[0].Spec.Endpoints[1]
+	if ep.Name != "h100-1" || ep.Address != pods[1].Addr() || ep.Labels["region"] != "r1" {
+		t.Errorf("endpoint %+v", ep)
 	}
 }

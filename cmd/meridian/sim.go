@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -15,11 +16,11 @@ func init() { extraCommands = append(extraCommands, newSimCmd) }
 // newSimCmd is `meridian sim`: simulated vLLM pods on consecutive ports.
 func newSimCmd() *cobra.Command {
 	var (
-		profile, model, adapters, host, metrics, fleet string
-		port, pods, maxTokens                          int
-		timeScale                                      float64
-		faults                                         sim.Faults
-		labels                                         map[string]string
+		profile, model, adapters, host, metrics, fleet, endpoints string
+		port, pods, maxTokens                                     int
+		timeScale                                                 float64
+		faults                                                    sim.Faults
+		labels                                                    map[string]string
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -73,10 +74,24 @@ GPU profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `. See docs/simulator
 				}
 			}
 			out := cmd.OutOrStdout()
+			// Comment lines, so that stdout stays valid YAML with
+			// --endpoints-out -.
 			for _, p := range live {
-				fmt.Fprintln(out, p)
+				fmt.Fprintln(out, "#", p)
 			}
-			fmt.Fprintf(out, "%d pod(s) running at %gx real time; Ctrl-C to stop\n", len(live), scaleOrOne(timeScale))
+			if endpoints != "" {
+				b, err := sim.StaticEndpoints("sim", live)
+				if err == nil {
+					err = writeOut(cmd, endpoints, b)
+				}
+				if err != nil {
+					for _, p := range live {
+						p.Close()
+					}
+					return err
+				}
+			}
+			fmt.Fprintf(out, "# %d pod(s) running at %gx real time; Ctrl-C to stop\n", len(live), scaleOrOne(timeScale))
 			<-ctx.Done()
 			for _, p := range live {
 				p.Close()
@@ -95,6 +110,7 @@ GPU profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `. See docs/simulator
 	fl.StringVar(&metrics, "metrics", "vllm", "metric names: vllm, vllm-legacy (vllm:gpu_cache_usage_perc) or sglang")
 	fl.IntVar(&maxTokens, "default-max-tokens", 64, "output tokens of a request that sets no max_tokens")
 	fl.StringVar(&fleet, "fleet", "", "YAML fleet file (pools of pods) instead of --profile/--pods")
+	fl.StringVar(&endpoints, "endpoints-out", "", "write a StaticEndpoints object listing the pods to this file (- for stdout)")
 	fl.StringToStringVar(&labels, "labels", nil, "extra pod labels printed for each pod, e.g. region=us-east-1")
 	fl.Float64Var(&faults.ErrorRate, "error-rate", 0, "fraction of requests answered 500")
 	fl.Float64Var(&faults.RejectRate, "reject-rate", 0, "fraction of requests answered 429")
@@ -107,4 +123,13 @@ func scaleOrOne(s float64) float64 {
 		return 1
 	}
 	return s
+}
+
+// writeOut writes b to path, or to the command's output for "-".
+func writeOut(cmd *cobra.Command, path string, b []byte) error {
+	if path == "-" {
+		_, err := cmd.OutOrStdout().Write(b)
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
 }
