@@ -455,6 +455,9 @@ func (g *Gate) now(r Request) (t *Ticket, err error, ok bool) {
 	case !b.valid():
 		g.mu.Unlock()
 		return nil, fmt.Errorf("priority: invalid band %d", r.Band), true
+	case r.Bytes < 0:
+		g.mu.Unlock()
+		return nil, fmt.Errorf("priority: negative request size %d", r.Bytes), true
 	case g.headroom(b) && g.waiting(b) == 0 && (b != Sheddable || g.obs.Known()):
 		g.inflight++
 		g.mu.Unlock()

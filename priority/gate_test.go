@@ -510,6 +510,9 @@ func TestInvalidBand(t *testing.T) {
 	if _, err := g.Admit(context.Background(), Request{Band: 7}); err == nil {
 		t.Fatal("band 7 admitted")
 	}
+	if _, err := g.Admit(context.Background(), Request{Band: Standard, Bytes: -1}); err == nil {
+		t.Fatal("negative size admitted")
+	}
 	if _, err := (&GIEGate{}).Admit(context.Background(), Request{Band: -2}); err == nil {
 		t.Fatal("GIE gate admitted band -2")
 	}
