@@ -1,0 +1,529 @@
+// Package gateway is one cluster's Tier-1 at run time: it keeps the pools
+// of model-server endpoints in step with configuration and discovery,
+// scrapes them, and turns a parsed request into a routing decision that
+// the standalone proxy and the ext_proc picker both carry out.
+//
+// It decides which scheduler serves a request (body-based routing: an
+// adapter maps to its base model) and asks that scheduler for a primary
+// endpoint and fallbacks. It does not move bytes: forwarding belongs to
+// the proxy, and Envoy does it in ext_proc mode.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/request"
+	"github.com/meridian-router/meridian/tier1"
+	"github.com/meridian-router/meridian/tier1/scrape"
+)
+
+// Headers Tier-1 reads and writes (GIE's names).
+const (
+	HeaderModelName       = "X-Gateway-Model-Name"
+	HeaderBaseModelName   = "X-Gateway-Base-Model-Name"
+	HeaderDestination     = "x-gateway-destination-endpoint"
+	HeaderServed          = "x-gateway-destination-endpoint-served"
+	HeaderSubset          = "x-gateway-destination-endpoint-subset"
+	HeaderObjective       = "x-gateway-inference-objective"
+	HeaderFairnessID      = "x-gateway-inference-fairness-id"
+	HeaderModelRewrite    = "x-gateway-model-name-rewrite"
+	HeaderTenant          = "x-meridian-tenant"
+	HeaderBand            = "x-meridian-band"
+	unknownModelMessage   = "no matching model: set the model in the request body or the x-gateway-model-name header"
+	noEndpointsMessage    = "no ready endpoint for model %q"
+	noCapableMessage      = "no endpoint can serve adapter %q of model %q"
+	defaultTargetPortPath = "/metrics"
+)
+
+// Config configures a Gateway. Zero fields take the documented defaults.
+type Config struct {
+	// Cluster selects this cluster's InferenceGatewayConfig (by
+	// spec.cluster, or by name). Empty works when there is only one.
+	Cluster string
+	// Replica names this process among the cluster's Tier-1 replicas.
+	Replica string
+	// Scrape tunes metric polling of the pods.
+	Scrape scrape.Config
+	// Options tune the schedulers.
+	Options tier1.Options
+	// Registerer receives the gateway's metrics; nil means none.
+	Registerer prometheus.Registerer
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// OnDispatch, when set, is called for every dispatch with the pool
+	// (scheduler name) and the prefix event, for sharing with replicas. It
+	// must not block and must copy nothing it keeps: ev.Hashes is owned by
+	// the callee.
+	OnDispatch func(pool string, ev tier1.PrefixEvent)
+}
+
+// Gateway holds the live pools and the routing table of one cluster.
+type Gateway struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *Metrics
+	scrapeM *scrape.Metrics
+
+	table atomic.Pointer[table]
+
+	mu    sync.Mutex
+	pools map[string]*poolState // by scheduler name; survive reloads
+	pods  []PodTarget           // discovered pods (Kubernetes); nil when static only
+	ctx   context.Context       // lifetime of scrape loops
+}
+
+// PodTarget is an endpoint discovery found for a scheduler.
+type PodTarget struct {
+	Scheduler string
+	ID        string
+	Address   string
+}
+
+// table is one configuration's routing: immutable, swapped whole.
+type table struct {
+	snap     *config.Snapshot
+	gateway  *config.Gateway
+	byModel  map[string]*route // modelName → route
+	adapters map[string]string // adapter → base model (BBR and loraAdapters)
+	bbr      bool
+	models   []string // every model name and adapter served, sorted
+}
+
+type route struct {
+	sched *tier1.Scheduler
+	state *poolState
+}
+
+// poolState is what the gateway keeps per pool beyond tier1.Pool.
+type poolState struct {
+	name     string
+	model    string
+	adapters []string
+	pool     *tier1.Pool
+	stats    *poolStats
+
+	mu       sync.Mutex
+	scrapers map[string]*scraper // by endpoint ID
+}
+
+type scraper struct {
+	address string
+	cancel  context.CancelFunc
+	// pod-reported prefix counters of the last scrape
+	hits, queries atomic.Uint64 // float bits not needed: counts fit
+}
+
+// New builds a gateway from the first snapshot. Start must be called to
+// begin scraping.
+func New(cfg Config, snap *config.Snapshot) (*Gateway, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	g := &Gateway{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		metrics: newMetrics(cfg.Registerer),
+		scrapeM: scrape.NewMetrics(cfg.Registerer),
+		pools:   map[string]*poolState{},
+		ctx:     context.Background(),
+	}
+	if err := g.Apply(snap); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Start runs the gateway's background work until ctx ends: scraping every
+// endpoint, and following snap's updates when updates is non-nil.
+func (g *Gateway) Start(ctx context.Context, updates <-chan *config.Snapshot) {
+	g.mu.Lock()
+	g.ctx = ctx
+	for _, ps := range g.pools {
+		g.syncScrapersLocked(ps)
+	}
+	g.mu.Unlock()
+	go g.exportGauges(ctx)
+	if updates == nil {
+		return
+	}
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case s, ok := <-updates:
+				if !ok {
+					return
+				}
+				if err := g.Apply(s); err != nil {
+					g.log.Error("tier1: configuration not applied; keeping the running one", "revision", s.Revision, "error", err)
+				}
+			}
+		}
+	}()
+}
+
+// Apply swaps in a new configuration: schedulers, weights and adapter maps
+// change atomically; pools, their endpoints' state and prefix indexes carry
+// over. A snapshot that cannot be applied leaves the running one.
+func (g *Gateway) Apply(snap *config.Snapshot) error {
+	gw := snap.Gateway(g.cfg.Cluster)
+	if gw == nil {
+		return fmt.Errorf("tier1: no InferenceGatewayConfig for cluster %q in the configuration", g.cfg.Cluster)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	// Pools are created on first use and kept for later reloads.
+	created := map[string]*poolState{}
+	poolFor := func(name string) *tier1.Pool {
+		if ps, ok := g.pools[name]; ok {
+			return ps.pool
+		}
+		ps := &poolState{name: name, pool: tier1.NewPool(), stats: newPoolStats(), scrapers: map[string]*scraper{}}
+		created[name] = ps
+		return ps.pool
+	}
+	scheds, err := tier1.Schedulers(snap, gw, poolFor, g.cfg.Options)
+	if err != nil {
+		return err
+	}
+	t := &table{snap: snap, gateway: gw, byModel: map[string]*route{}, adapters: map[string]string{}, bbr: gw.Spec.BBR.Enabled}
+	keep := map[string]bool{}
+	for _, sc := range gw.Spec.Schedulers {
+		s := scheds[sc.ModelName]
+		ps := g.pools[sc.Name]
+		if ps == nil {
+			ps = created[sc.Name]
+			g.pools[sc.Name] = ps
+		}
+		ps.model, ps.adapters = sc.ModelName, slices.Clone(sc.LoraAdapters)
+		t.byModel[sc.ModelName] = &route{sched: s, state: ps}
+		keep[sc.Name] = true
+		for _, a := range sc.LoraAdapters {
+			t.adapters[a] = sc.ModelName
+		}
+		t.models = append(t.models, sc.ModelName)
+	}
+	for a, base := range snap.Adapters {
+		if _, ok := t.byModel[base]; ok {
+			t.adapters[a] = base
+		}
+	}
+	for a := range t.adapters {
+		t.models = append(t.models, a)
+	}
+	sort.Strings(t.models)
+	t.models = slices.Compact(t.models)
+	// Pools no longer configured stop scraping and are forgotten.
+	for name, ps := range g.pools {
+		if !keep[name] {
+			ps.mu.Lock()
+			for id, sc := range ps.scrapers {
+				sc.cancel()
+				delete(ps.scrapers, id)
+			}
+			ps.mu.Unlock()
+			delete(g.pools, name)
+		}
+	}
+	g.table.Store(t)
+	g.syncEndpointsLocked()
+	g.metrics.configRevision.Set(float64(snap.Revision))
+	return nil
+}
+
+// SetPods replaces the endpoints discovery found (Kubernetes). Static
+// endpoints from the configuration are always included.
+func (g *Gateway) SetPods(pods []PodTarget) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.pods = slices.Clone(pods)
+	if g.pods == nil {
+		g.pods = []PodTarget{}
+	}
+	g.syncEndpointsLocked()
+}
+
+// syncEndpointsLocked makes every pool's endpoints match configuration and
+// discovery, and starts or stops scrape loops.
+func (g *Gateway) syncEndpointsLocked() {
+	t := g.table.Load()
+	want := map[string]map[string]string{} // pool → id → address
+	for _, sc := range t.gateway.Spec.Schedulers {
+		m := map[string]string{}
+		for _, ep := range t.snap.Endpoints(g.cfg.Cluster, sc.ModelSelector.MatchLabels) {
+			m[ep.Name] = ep.Address
+		}
+		want[sc.Name] = m
+	}
+	for _, p := range g.pods {
+		if m, ok := want[p.Scheduler]; ok {
+			m[p.ID] = p.Address
+		}
+	}
+	for name, ps := range g.pools {
+		eps := want[name]
+		for _, ep := range ps.pool.Endpoints() {
+			if _, ok := eps[ep.ID]; !ok {
+				ps.pool.Remove(ep.ID)
+			}
+		}
+		for id, addr := range eps {
+			ps.pool.Add(id, addr)
+		}
+		g.syncScrapersLocked(ps)
+	}
+}
+
+func (g *Gateway) syncScrapersLocked(ps *poolState) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	live := map[string]*tier1.Endpoint{}
+	for _, ep := range ps.pool.Endpoints() {
+		live[ep.ID] = ep
+	}
+	for id, sc := range ps.scrapers {
+		if ep, ok := live[id]; !ok || ep.Address != sc.address {
+			sc.cancel()
+			delete(ps.scrapers, id)
+		}
+	}
+	if g.ctx == context.Background() {
+		return // not started: Start launches the loops
+	}
+	for id, ep := range live {
+		if _, ok := ps.scrapers[id]; ok {
+			continue
+		}
+		ctx, cancel := context.WithCancel(g.ctx)
+		sc := &scraper{address: ep.Address, cancel: cancel}
+		ps.scrapers[id] = sc
+		ep := ep
+		go scrape.Run(ctx, g.cfg.Scrape, g.scrapeM, scrape.Target{
+			Pool: ps.name,
+			URL:  "http://" + ep.Address + defaultTargetPortPath,
+			OnSample: func(s *scrape.Sample) {
+				m := s.Metrics
+				ep.SetMetrics(&m)
+				if s.HasPrefix {
+					sc.hits.Store(uint64(s.PrefixHits))
+					sc.queries.Store(uint64(s.PrefixQueries))
+				}
+			},
+		})
+	}
+}
+
+// Models lists the model names and adapters this cluster serves.
+func (g *Gateway) Models() []string { return g.table.Load().models }
+
+// Snapshot returns the configuration in force.
+func (g *Gateway) Snapshot() *config.Snapshot { return g.table.Load().snap }
+
+// Decision is one request's routing: which pool, which endpoints (primary
+// first), and the request as the scheduler saw it.
+type Decision struct {
+	// Model is the model the caller named; Target the base model whose pool
+	// serves it; Adapter the LoRA adapter, if any.
+	Model, Target, Adapter string
+	Pool                   string
+	Endpoints              []*tier1.Endpoint
+	Request                tier1.Request
+
+	sched *tier1.Scheduler
+	state *poolState
+	start time.Time
+}
+
+// Meta is what the caller knows of a request besides its body.
+type Meta struct {
+	// Header carries GIE's and Meridian's routing headers (nil is fine).
+	Header http.Header
+	// Subset restricts the pick to these addresses (ext_proc subset hint);
+	// nil means no restriction.
+	Subset []string
+}
+
+// Decide routes a parsed request. Errors are *request.APIError with the
+// status to answer: 404 for an unknown model, 503 when the pool has no
+// usable endpoint.
+func (g *Gateway) Decide(body *request.Body, meta Meta) (*Decision, error) {
+	start := g.cfg.Now()
+	t := g.table.Load()
+	model := body.Model
+	if h := meta.Header.Get(HeaderModelName); h != "" {
+		model = h
+	}
+	target, adapter := model, ""
+	if base := meta.Header.Get(HeaderBaseModelName); base != "" && base != model {
+		target, adapter = base, model
+	}
+	r := t.byModel[target]
+	if r == nil && adapter == "" {
+		if base, ok := t.adapters[model]; ok && (t.bbr || len(t.byModel) == 1) {
+			target, adapter, r = base, model, t.byModel[base]
+		}
+	}
+	if r == nil {
+		g.metrics.rejected.WithLabelValues("", "unknown_model").Inc()
+		return nil, request.NotFound("model_not_found", unknownModelMessage)
+	}
+	d := &Decision{Model: body.Model, Target: target, Adapter: adapter, Pool: r.state.name, sched: r.sched, state: r.state, start: start}
+	d.Request.Model, d.Request.Adapter = target, adapter
+	d.Request.Tenant = meta.Header.Get(HeaderTenant)
+	if d.Request.Tenant == "" {
+		d.Request.Tenant = meta.Header.Get(HeaderFairnessID)
+	}
+	d.Request.Band = meta.Header.Get(HeaderBand)
+	d.Request.Subset = meta.Subset
+	r.sched.Prepare(&d.Request, body)
+	eps, err := r.sched.Schedule(&d.Request, start, nil)
+	g.metrics.scheduling.WithLabelValues(d.Pool).Observe(g.cfg.Now().Sub(start).Seconds())
+	if err != nil {
+		g.metrics.rejected.WithLabelValues(d.Pool, "no_endpoints").Inc()
+		if errors.Is(err, tier1.ErrNoCapableEndpoint) {
+			return nil, request.Unavailable("no_capable_endpoint", fmt.Sprintf(noCapableMessage, adapter, target))
+		}
+		return nil, request.Unavailable("no_endpoints", fmt.Sprintf(noEndpointsMessage, target))
+	}
+	d.Endpoints = eps
+	return d, nil
+}
+
+// Dispatch records that the decision's request is being sent to ep and
+// returns the ticket on which to report its outcome.
+func (g *Gateway) Dispatch(d *Decision, ep *tier1.Endpoint) *Attempt {
+	now := g.cfg.Now()
+	tk := d.sched.Dispatch(ep, &d.Request, now)
+	if g.cfg.OnDispatch != nil && len(d.Request.Hashes) > 0 && d.sched.SharesPrefixIndex() {
+		g.cfg.OnDispatch(d.Pool, tier1.PrefixEvent{Endpoint: ep.ID, Stamp: now.UnixNano(), Hashes: slices.Clone(d.Request.Hashes)})
+	}
+	return &Attempt{g: g, d: d, ticket: tk, sent: now}
+}
+
+// ApplyPrefixEvent applies another replica's dispatch to a pool's index.
+func (g *Gateway) ApplyPrefixEvent(pool string, ev tier1.PrefixEvent) bool {
+	t := g.table.Load()
+	for _, r := range t.byModel {
+		if r.state.name == pool {
+			return r.sched.ApplyPrefixEvent(ev)
+		}
+	}
+	return false
+}
+
+// Attempt is one try of a decision on one endpoint.
+type Attempt struct {
+	g      *Gateway
+	d      *Decision
+	ticket tier1.Ticket
+	sent   time.Time
+	first  bool
+}
+
+// FirstByte reports the first response byte: the observed TTFT feeds the
+// endpoint's latency model and the pool's statistics.
+func (a *Attempt) FirstByte() {
+	if a.first {
+		return
+	}
+	a.first = true
+	ttft := a.g.cfg.Now().Sub(a.sent)
+	a.ticket.FirstToken(ttft)
+	a.d.state.stats.observeTTFT(a.sent, ttft)
+	a.g.metrics.ttft.WithLabelValues(a.d.Model, a.d.Pool).Observe(ttft.Seconds())
+}
+
+// Done ends the attempt with the HTTP status answered (0 for a transport
+// failure) and whether it failed on the model server's side.
+func (a *Attempt) Done(code int, failed bool) {
+	a.ticket.Done()
+	a.d.state.stats.observeOutcome(a.g.cfg.Now(), failed)
+	a.g.metrics.duration.WithLabelValues(a.d.Model, a.d.Pool).Observe(a.g.cfg.Now().Sub(a.sent).Seconds())
+	a.g.metrics.requests.WithLabelValues(modelLabel(a.g, a.d.Model), a.d.Target, a.d.Pool, codeLabel(code)).Inc()
+}
+
+// Fallback counts a retry on the decision's next endpoint.
+func (g *Gateway) Fallback(d *Decision) { g.metrics.fallbacks.WithLabelValues(d.Pool).Inc() }
+
+// Reject counts a request refused before routing (e.g. a bad body).
+func (g *Gateway) Reject(reason string) { g.metrics.rejected.WithLabelValues("", reason).Inc() }
+
+func modelLabel(g *Gateway, m string) string {
+	t := g.table.Load()
+	if _, ok := t.byModel[m]; ok {
+		return m
+	}
+	if _, ok := t.adapters[m]; ok {
+		return m
+	}
+	return "unknown"
+}
+
+func codeLabel(code int) string {
+	if code == 0 {
+		return "error"
+	}
+	return fmt.Sprint(code)
+}
+
+// Pools lists the pools with their state, for the health feed and metrics.
+func (g *Gateway) Pools() []PoolView {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]PoolView, 0, len(g.pools))
+	for _, ps := range g.pools {
+		out = append(out, PoolView{Name: ps.name, Model: ps.model, Adapters: ps.adapters, Pool: ps.pool, stats: ps.stats, state: ps})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// PoolView is a read-only look at one pool.
+type PoolView struct {
+	Name, Model string
+	Adapters    []string
+	Pool        *tier1.Pool
+	stats       *poolStats
+	state       *poolState
+}
+
+// TTFT returns the recent p50 and p99 time to first byte (zero without
+// samples) and the recent error rate, over the window ending at now.
+func (v PoolView) TTFT(now time.Time, window time.Duration) (p50, p99 time.Duration, errRate float64) {
+	return v.stats.summary(now, window)
+}
+
+// PodPrefix returns the pool's pod-reported prefix-cache hits and queries
+// (cumulative counters summed over endpoints).
+func (v PoolView) PodPrefix() (hits, queries uint64) {
+	v.state.mu.Lock()
+	defer v.state.mu.Unlock()
+	for _, sc := range v.state.scrapers {
+		hits += sc.hits.Load()
+		queries += sc.queries.Load()
+	}
+	return hits, queries
+}
+
+// IndexHitRatio is the prefix hit ratio the index estimated for recent
+// dispatches.
+func (v PoolView) IndexHitRatio() float64 { return v.stats.indexHitRatio() }
+

@@ -1,0 +1,339 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/tier1"
+	"github.com/meridian-router/meridian/tier1/gateway"
+	"github.com/meridian-router/meridian/tier1/proxy"
+	"github.com/meridian-router/meridian/tier1/scrape"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// platform is a Tier-1 proxy in front of live simulated pods.
+type platform struct {
+	gw     *gateway.Gateway
+	srv    *httptest.Server
+	pods   map[string][]*sim.LivePod // by pool label
+	byAddr map[string]*sim.LivePod
+}
+
+func startPods(t *testing.T, profile, model string, adapters []string, k int) []*sim.LivePod {
+	t.Helper()
+	p, err := sim.LookupProfile(profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := sim.StartPods(t.Context(), sim.PodSpec{
+		Pod:              sim.PodConfig{Name: model, Profile: p, Model: model, Adapters: adapters},
+		TimeScale:        50,
+		DefaultMaxTokens: 8,
+	}, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, lp := range pods {
+			lp.Close()
+		}
+	})
+	return pods
+}
+
+const gatewayYAML = `apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: c1}
+spec:
+  cluster: c1
+  bbr: {enabled: true}
+  schedulers:
+  - name: chat
+    modelName: chat-model
+    modelSelector: {matchLabels: {pool: chat}}
+    weights: %s
+  - name: lora
+    modelName: base-8b
+    modelSelector: {matchLabels: {pool: lora}}
+    loraAdapters: [adapter-a, adapter-b]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: adapters
+  labels: {inference.networking.k8s.io/bbr-managed: "true"}
+data:
+  baseModel: base-8b
+  adapters: |
+    - adapter-a
+    - adapter-b
+`
+
+func snapshot(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev int64) *config.Snapshot {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, gatewayYAML, weights)
+	b.WriteString("---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints\nmetadata: {name: pods}\nspec:\n  endpoints:\n")
+	for pool, lps := range pods {
+		for _, lp := range lps {
+			fmt.Fprintf(&b, "  - {name: %s-%s, address: %q, labels: {pool: %s}}\n", pool, strings.ReplaceAll(lp.Addr(), ":", "-"), lp.Addr(), pool)
+		}
+	}
+	docs, errs := config.Decode("test.yaml", []byte(b.String()))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	s, err := config.Build(docs, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newPlatform(t *testing.T, weights string) *platform {
+	t.Helper()
+	p := &platform{pods: map[string][]*sim.LivePod{}, byAddr: map[string]*sim.LivePod{}}
+	p.pods["chat"] = startPods(t, "h100", "chat-model", nil, 3)
+	p.pods["lora"] = startPods(t, "a10g", "base-8b", []string{"adapter-a", "adapter-b"}, 2)
+	for _, lps := range p.pods {
+		for _, lp := range lps {
+			p.byAddr[lp.Addr()] = lp
+		}
+	}
+	gw, err := gateway.New(gateway.Config{
+		Cluster: "c1",
+		Logger:  quiet,
+		Scrape:  scrape.Config{Interval: 20 * time.Millisecond},
+		Options: tier1.Options{MaxMetricsAge: 300 * time.Millisecond},
+	}, snapshot(t, weights, p.pods, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	gw.Start(ctx, nil)
+	p.gw = gw
+	p.srv = httptest.NewServer((&proxy.Proxy{Gateway: gw, Logger: quiet}).Handler())
+	t.Cleanup(p.srv.Close)
+	p.waitScraped(t)
+	return p
+}
+
+// waitScraped waits until every endpoint has been scraped once.
+func (p *platform) waitScraped(t *testing.T) {
+	t.Helper()
+	eventually(t, "every endpoint scraped", func() bool {
+		for _, v := range p.gw.Pools() {
+			for _, ep := range v.Pool.Endpoints() {
+				if ep.Metrics() == nil {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
+
+// eventually polls cond until it holds or 20 s pass. The live pods and
+// scrapers run on the wall clock over real sockets, which synctest cannot
+// host, so this waits on an observable condition rather than for a time.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		<-tick.C
+	}
+}
+
+type result struct {
+	status int
+	served string
+	body   string
+}
+
+func (p *platform) post(t *testing.T, path, body string) result {
+	t.Helper()
+	resp, err := http.Post(p.srv.URL+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return result{resp.StatusCode, resp.Header.Get(gateway.HeaderServed), string(b)}
+}
+
+func chat(model, text string, stream bool) string {
+	b, _ := json.Marshal(map[string]any{"model": model, "stream": stream, "max_tokens": 4,
+		"messages": []map[string]string{{"role": "user", "content": text}}})
+	return string(b)
+}
+
+func TestRoutesModelsAndAdapters(t *testing.T) {
+	p := newPlatform(t, "{queue: 2, kvCache: 2, prefix: 3}")
+	inPool := func(pool, addr string) bool {
+		for _, lp := range p.pods[pool] {
+			if lp.Addr() == addr {
+				return true
+			}
+		}
+		return false
+	}
+	cases := []struct {
+		name, path, body string
+		status           int
+		pool             string
+		contains         string
+	}{
+		{"base model", "/v1/chat/completions", chat("chat-model", "hello", false), 200, "chat", `"chat-model"`},
+		{"streaming", "/v1/chat/completions", chat("chat-model", "hello", true), 200, "chat", "data: [DONE]"},
+		{"completion", "/v1/completions", `{"model":"chat-model","prompt":"once upon","max_tokens":3}`, 200, "chat", `"text_completion"`},
+		{"adapter via BBR", "/v1/chat/completions", chat("adapter-a", "triage this claim", false), 200, "lora", `"adapter-a"`},
+		{"base of adapters", "/v1/chat/completions", chat("base-8b", "hi", false), 200, "lora", ""},
+		{"unknown model", "/v1/chat/completions", chat("gpt-9", "hi", false), 404, "", "no matching model: set the model in the request body or the x-gateway-model-name header"},
+		{"malformed body", "/v1/chat/completions", `{"model": "chat-model", "messages": [`, 400, "", `"invalid_request_error"`},
+		{"missing model", "/v1/chat/completions", `{"messages": []}`, 400, "", `"missing_model"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := p.post(t, tc.path, tc.body)
+			if r.status != tc.status {
+				t.Fatalf("status %d, want %d: %s", r.status, tc.status, r.body)
+			}
+			if tc.pool != "" && !inPool(tc.pool, r.served) {
+				t.Fatalf("served by %q, not a %s pod", r.served, tc.pool)
+			}
+			if !strings.Contains(r.body, tc.contains) {
+				t.Fatalf("body does not contain %q:\n%s", tc.contains, r.body)
+			}
+		})
+	}
+}
+
+func TestPrefixAffinity(t *testing.T) {
+	p := newPlatform(t, "{prefix: 5, queue: 1}")
+	system := strings.Repeat("You are a careful claims assistant. ", 60)
+	served := map[string]int{}
+	for i := range 12 {
+		r := p.post(t, "/v1/chat/completions", chat("chat-model", system+fmt.Sprintf("question %d", i), false))
+		if r.status != 200 {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+		served[r.served]++
+	}
+	best := 0
+	for _, n := range served {
+		best = max(best, n)
+	}
+	if best < 10 {
+		t.Fatalf("requests sharing a long prefix spread over pods %v; want at least 10 of 12 on one", served)
+	}
+}
+
+func TestFallbackOnFailingPod(t *testing.T) {
+	p := newPlatform(t, "{queue: 2, kvCache: 2, prefix: 3}")
+	bad := p.pods["chat"][0]
+	if err := bad.SetFaults(sim.Faults{ErrorRate: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 15 {
+		r := p.post(t, "/v1/chat/completions", chat("chat-model", fmt.Sprintf("q%d", i), false))
+		if r.status != 200 {
+			t.Fatalf("request %d: status %d: %s", i, r.status, r.body)
+		}
+		if r.served == bad.Addr() {
+			t.Fatalf("request %d served by the failing pod", i)
+		}
+	}
+}
+
+func TestStalePodAvoided(t *testing.T) {
+	p := newPlatform(t, "{queue: 2, kvCache: 2, prefix: 3}")
+	dead := p.pods["chat"][1]
+	dead.Close() // stops answering: connect errors, then stale metrics
+	var ep *tier1.Endpoint
+	for _, v := range p.gw.Pools() {
+		for _, e := range v.Pool.Endpoints() {
+			if e.Address == dead.Addr() {
+				ep = e
+			}
+		}
+	}
+	scraped := ep.Metrics().ScrapedAt
+	eventually(t, "the dead pod's metrics to age past the staleness bound", func() bool {
+		return time.Since(scraped) > 400*time.Millisecond
+	})
+	for i := range 15 {
+		r := p.post(t, "/v1/chat/completions", chat("chat-model", fmt.Sprintf("q%d", i), true))
+		if r.status != 200 || r.served == dead.Addr() {
+			t.Fatalf("request %d: status %d served by %q (dead pod %s)", i, r.status, r.served, dead.Addr())
+		}
+	}
+}
+
+func TestReloadWithoutLoss(t *testing.T) {
+	p := newPlatform(t, "{queue: 2, kvCache: 2, prefix: 3}")
+	var wg sync.WaitGroup
+	errs := make(chan string, 200)
+	stop := make(chan struct{})
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := http.Post(p.srv.URL+"/v1/chat/completions", "application/json",
+					bytes.NewReader([]byte(chat("chat-model", fmt.Sprintf("w%d-%d", w, i), i%2 == 0))))
+				if err != nil {
+					errs <- err.Error()
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					errs <- fmt.Sprintf("status %d", resp.StatusCode)
+				}
+			}
+		}()
+	}
+	weights := []string{"{queue: 5}", "{prefix: 4, kvCache: 1}", "{runningRequests: 2, lru: 1}", "{queue: 2, kvCache: 2, prefix: 3}"}
+	for i, w := range weights {
+		if err := p.gw.Apply(snapshot(t, w, p.pods, int64(i+2))); err != nil {
+			t.Fatal(err)
+		}
+		r := p.post(t, "/v1/chat/completions", chat("chat-model", "between reloads", false))
+		if r.status != 200 {
+			t.Fatalf("after reload %d: status %d", i, r.status)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Errorf("request failed during reloads: %s", e)
+	}
+	if got := p.gw.Snapshot().Revision; got != int64(len(weights)+1) {
+		t.Fatalf("revision %d after reloads", got)
+	}
+}
