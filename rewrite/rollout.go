@@ -97,8 +97,8 @@ type Decision struct {
 // analysis and the time now. It is pure: the caller supplies the clock and
 // writes the returned state (revision-checked) when Action is not Hold.
 //
-// A failing analysis aborts at once, mid-step included, so a bad canary
-// serves for at most one analysis period. A passing one advances only when
+// A failing analysis aborts at once, mid-step and while paused included,
+// so a bad canary serves for at most one analysis period. A passing one advances only when
 // the step's interval has elapsed. An inconclusive one at the end of the
 // interval pauses the rollout rather than promoting on too little evidence.
 // Rollouts without steps are never advanced, only aborted on failure.
@@ -108,7 +108,10 @@ func Evaluate(r config.Rollout, a Result, now time.Time) (Decision, error) {
 		return Decision{}, err
 	}
 	d := Decision{Action: Hold, Rollout: r, CanaryPercent: pct}
-	if r.Status != "" && r.Status != StatusProgressing {
+	progressing := r.Status == "" || r.Status == StatusProgressing
+	// A paused canary still takes its share of traffic, so a failure
+	// aborts it as well.
+	if !progressing && r.Status != StatusPaused {
 		d.Reason = "rollout is " + r.Status
 		return d, nil
 	}
@@ -117,6 +120,10 @@ func Evaluate(r config.Rollout, a Result, now time.Time) (Decision, error) {
 		next.Status = StatusDegraded
 		next.Reason = a.Reason
 		d.Action, d.Rollout, d.CanaryPercent, d.Reason = Abort, next, 0, "analysis failed: "+a.Reason
+		return d, nil
+	}
+	if !progressing {
+		d.Reason = "rollout is " + r.Status
 		return d, nil
 	}
 	if len(r.Steps) == 0 {

@@ -40,6 +40,8 @@ func TestEvaluate(t *testing.T) {
 			Complete, StatusHealthy, 3, 100, time.Time{}, "last step (100%) passed"},
 		{"paused stays", rollout(StatusPaused, 2, 5, 25, 50, 100), pass, start.Add(time.Hour),
 			Hold, StatusPaused, 2, 50, time.Time{}, "rollout is Paused"},
+		{"paused still aborts on failure", rollout(StatusPaused, 2, 5, 25, 50, 100), fail, start.Add(time.Hour),
+			Abort, StatusDegraded, 2, 0, time.Time{}, "analysis failed"},
 		{"degraded stays at zero", rollout(StatusDegraded, 2, 5, 25, 50, 100), pass, start.Add(time.Hour),
 			Hold, StatusDegraded, 2, 0, time.Time{}, ""},
 		{"manual canary aborts on failure", &config.Rollout{Stable: "v2", Canary: "v3"}, fail, start,
