@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -424,5 +425,51 @@ func TestStaticEndpoints(t *testing.T) {
 	ep := snap.StaticEndpoints[0].Spec.Endpoints[1]
 	if ep.Name != "h100-1" || ep.Address != pods[1].Addr() || ep.Labels["region"] != "r1" {
 		t.Errorf("endpoint %+v", ep)
+	}
+}
+
+// TestLiveConcurrent streams many requests at once through one pod: each
+// gets its own complete answer, and the pod batches them.
+func TestLiveConcurrent(t *testing.T) {
+	lp := startLive(t, PodSpec{TimeScale: 100}, 1)[0]
+	c := client(lp)
+	const n = 16
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			stream := c.Completions.NewStreaming(context.Background(), openai.CompletionNewParams{
+				Model:     testModel,
+				Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(strings.Repeat("x", 100*(i+1)))},
+				MaxTokens: openai.Int(int64(10 + i)),
+			})
+			var text strings.Builder
+			for stream.Next() {
+				for _, ch := range stream.Current().Choices {
+					text.WriteString(ch.Text)
+				}
+			}
+			if err := stream.Err(); err != nil {
+				errs <- err
+				return
+			}
+			if text.String() != tokenText(0, 10+i) {
+				errs <- fmt.Errorf("request %d got %q", i, text.String())
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	m := lp.Metrics()
+	want := uint64(0)
+	for i := range n {
+		want += uint64(10 + i)
+	}
+	if m.RequestsOK != n || m.GenerationTokens != want || m.Running+m.Waiting != 0 {
+		t.Errorf("metrics %+v, want %d requests and %d tokens", m, n, want)
 	}
 }
