@@ -96,6 +96,12 @@ type Config struct {
 	ProbeInterval time.Duration
 	ProbeTimeout  time.Duration
 
+	// StreamTimeout bounds a TCP exchange (a join or a push/pull) with one
+	// member. Longer tolerates slow links and loaded hosts; shorter frees a
+	// stuck exchange sooner. Zero means the profile's (1 s local, 10 s LAN,
+	// 30 s WAN).
+	StreamTimeout time.Duration
+
 	// RetransmitMult bounds how many members each node sends one channel
 	// broadcast to: RetransmitMult × ⌈log10(members+1)⌉. Every member that
 	// receives it does the same, so with m members a given member misses a
@@ -207,6 +213,9 @@ func (c *Config) memberlistConfig() *memberlist.Config {
 	}
 	if c.ProbeInterval > 0 {
 		mc.ProbeInterval = c.ProbeInterval
+	}
+	if c.StreamTimeout > 0 {
+		mc.TCPTimeout = c.StreamTimeout
 	}
 	if c.ProbeTimeout > 0 {
 		mc.ProbeTimeout = c.ProbeTimeout

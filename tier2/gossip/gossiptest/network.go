@@ -185,7 +185,8 @@ func (n *Network) Transport(name, region string) (*Transport, error) {
 
 // Start starts one gossip node per config on this network and closes them
 // when the test ends. Each config needs Name and Region; Transport is set
-// here, an empty Profile means local timings, and an empty Join means the
+// here, an empty Profile means local timings (with a 10 s StreamTimeout,
+// for loaded test machines), and an empty Join means the
 // first node's address (the first node starts the cluster).
 func (n *Network) Start(tb testing.TB, cfgs ...gossip.Config) []*gossip.Node {
 	tb.Helper()
@@ -198,6 +199,12 @@ func (n *Network) Start(tb testing.TB, cfgs ...gossip.Config) []*gossip.Node {
 		cfg.Transport = t
 		if cfg.Profile == "" {
 			cfg.Profile = gossip.ProfileLocal
+			// Local timings, but patient with a loaded test machine: a
+			// join that times out fails the test, a slow probe only
+			// raises a suspicion.
+			if cfg.StreamTimeout == 0 {
+				cfg.StreamTimeout = 10 * time.Second
+			}
 		}
 		if cfg.Join == nil && i > 0 {
 			cfg.Join = []string{nodes[0].Addr()}
