@@ -74,6 +74,46 @@ func ReadDir(dir string) ([]Document, []string, error) {
 	return docs, read, errs.Err()
 }
 
+// ReadFS is ReadDir over a file system (for configuration embedded in the
+// binary). Paths in errors are prefixed with name.
+func ReadFS(fsys fs.FS, name string) ([]Document, error) {
+	var files []string
+	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p != "." && strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if !d.IsDir() && (strings.HasSuffix(p, ".yaml") || strings.HasSuffix(p, ".yml")) {
+			files = append(files, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("config: reading %s: %w", name, err)
+	}
+	sort.Strings(files)
+	var docs []Document
+	var errs Errors
+	for _, f := range files {
+		data, err := fs.ReadFile(fsys, f)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		if !hasKind(data) {
+			continue
+		}
+		d, e := Decode(name+"/"+f, data)
+		docs = append(docs, d...)
+		errs = append(errs, e...)
+	}
+	return docs, errs.Err()
+}
+
 // hasKind reports whether any document of a YAML stream has a top-level
 // "kind" key.
 func hasKind(data []byte) bool {

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// drainTimeout bounds how long a shutdown waits for in-flight streams.
+const drainTimeout = 30 * time.Second
+
+// server is one HTTP listener with graceful shutdown.
+type server struct {
+	name string
+	srv  *http.Server
+	ln   net.Listener
+}
+
+// listen binds addr now, so that a port conflict is reported before
+// anything else starts.
+func listen(name, addr string, h http.Handler) (*server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: listen %s: %w", name, addr, err)
+	}
+	return &server{name: name, ln: ln, srv: &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+	}}, nil
+}
+
+func (s *server) Addr() string { return s.ln.Addr().String() }
+
+// serve runs until ctx ends, then drains in-flight requests.
+func (s *server) serve(ctx context.Context, log *slog.Logger) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("%s: %w", s.name, err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	if err := s.srv.Shutdown(sctx); err != nil {
+		log.Warn("shutdown did not drain in time; closing", "server", s.name, "error", err)
+		s.srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// newRegistry returns a registry with the process, Go and build series.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_build_info", Help: "Always 1; labels name the build."}, []string{"version"})
+	bi.WithLabelValues(versionString()).Set(1)
+	reg.MustRegister(bi)
+	return reg
+}
+
+func metricsHandler(reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	return mux
+}

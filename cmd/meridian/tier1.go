@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/meridian-router/meridian/tier1"
+	"github.com/meridian-router/meridian/tier1/gateway"
+	"github.com/meridian-router/meridian/tier1/proxy"
+	"github.com/meridian-router/meridian/tier1/scrape"
+)
+
+func init() { extraCommands = append(extraCommands, newTier1Cmd) }
+
+type tier1Flags struct {
+	src            sourceFlags
+	cluster        string
+	replica        string
+	listen         string
+	metrics        string
+	scrapeInterval time.Duration
+	maxMetricsAge  time.Duration
+}
+
+func newTier1Cmd() *cobra.Command {
+	var f tier1Flags
+	cmd := &cobra.Command{
+		Use:   "tier1",
+		Short: "Run one cluster's endpoint picker (standalone streaming proxy)",
+		Long: "Tier-1 picks the model-server pod for each request of one cluster. It reads the cluster's\n" +
+			"InferenceGatewayConfig, discovers the pods of every scheduler, scrapes their metrics and\n" +
+			"forwards OpenAI requests to the pod its scorers pick, with fallbacks.",
+		Example: "  meridian tier1 --config deploy/examples --cluster us-east-1a --listen :8080 --metrics :9090",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runTier1(cmd.Context(), f, slog.Default())
+		},
+	}
+	f.src.register(cmd)
+	host, _ := os.Hostname()
+	cmd.Flags().StringVar(&f.cluster, "cluster", "", "cluster whose InferenceGatewayConfig to serve (spec.cluster or metadata.name)")
+	cmd.Flags().StringVar(&f.replica, "replica", host, "name of this replica among the cluster's Tier-1s")
+	cmd.Flags().StringVar(&f.listen, "listen", ":8080", "address of the OpenAI proxy")
+	cmd.Flags().StringVar(&f.metrics, "metrics", ":9090", "address of the Prometheus /metrics endpoint (empty: off)")
+	cmd.Flags().DurationVar(&f.scrapeInterval, "scrape-interval", 50*time.Millisecond, "how often each pod's metrics are polled")
+	cmd.Flags().DurationVar(&f.maxMetricsAge, "max-metrics-age", time.Second, "a pod whose last scrape is older is avoided (all stale: fail open)")
+	return cmd
+}
+
+// tier1Instance is a started Tier-1: its gateway and listeners.
+type tier1Instance struct {
+	gw      *gateway.Gateway
+	servers []*server
+	run     func(ctx context.Context) error
+}
+
+func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Instance, error) {
+	reg := newRegistry()
+	src, err := f.src.open(ctx, reg, log)
+	if err != nil {
+		return nil, err
+	}
+	gw, err := gateway.New(gateway.Config{
+		Cluster:    f.cluster,
+		Replica:    f.replica,
+		Scrape:     scrape.Config{Interval: f.scrapeInterval},
+		Options:    tier1.Options{MaxMetricsAge: f.maxMetricsAge},
+		Registerer: reg,
+		Logger:     log,
+	}, src.Snapshot())
+	if err != nil {
+		src.close()
+		return nil, err
+	}
+	inst := &tier1Instance{gw: gw}
+	px, err := listen("tier1 proxy", f.listen, (&proxy.Proxy{Gateway: gw, Logger: log}).Handler())
+	if err != nil {
+		src.close()
+		return nil, err
+	}
+	inst.servers = append(inst.servers, px)
+	if f.metrics != "" {
+		ms, err := listen("tier1 metrics", f.metrics, metricsHandler(reg))
+		if err != nil {
+			px.ln.Close()
+			src.close()
+			return nil, err
+		}
+		inst.servers = append(inst.servers, ms)
+	}
+	inst.run = func(ctx context.Context) error {
+		defer src.close()
+		updates := src.Subscribe()
+		go src.run(ctx)
+		gw.Start(ctx, updates)
+		g, gctx := errgroup.WithContext(ctx)
+		for _, s := range inst.servers {
+			g.Go(func() error { return s.serve(gctx, log) })
+		}
+		log.Info("tier1 serving", "cluster", f.cluster, "proxy", px.Addr(), "revision", src.Snapshot().Revision)
+		return g.Wait()
+	}
+	return inst, nil
+}
+
+func runTier1(ctx context.Context, f tier1Flags, log *slog.Logger) error {
+	inst, err := startTier1(ctx, f, log)
+	if err != nil {
+		return err
+	}
+	if err := inst.run(ctx); err != nil {
+		return fmt.Errorf("tier1: %w", err)
+	}
+	return nil
+}
