@@ -73,6 +73,7 @@ const (
 	rankReady     rank = iota
 	rankProbation      // readmitted, not given this request
 	rankEjected        // used only when nothing else is left
+	rankStale          // digest expired since the view was built
 )
 
 // maxCandidates bounds the clusters considered for one model; it keeps
@@ -127,6 +128,7 @@ type view struct {
 
 type modelView struct {
 	cands []candidate
+	order []uint16 // cands by score (best first), then Region and name
 	ring  []ringPoint
 	// members is the cluster sequence the ring was built for.
 	members []*cluster
@@ -324,9 +326,13 @@ func (f *Fleet) rebuildLocked() {
 		if len(mv.cands) > maxCandidates {
 			mv.cands = mv.cands[:maxCandidates]
 		}
-		for _, cd := range mv.cands {
+		for i, cd := range mv.cands {
 			mv.members = append(mv.members, cd.c)
+			mv.order = append(mv.order, uint16(i))
 		}
+		slices.SortStableFunc(mv.order, func(a, b uint16) int {
+			return cmp.Compare(mv.cands[b].score, mv.cands[a].score)
+		})
 		if prev := old.modelView(name); prev != nil && sameClusters(prev.members, mv.members) {
 			mv.ring = prev.ring
 		} else {
@@ -422,27 +428,55 @@ func (f *Fleet) Select(dst []Target, req Request) []Target {
 		return dst
 	}
 	now := f.now().UnixNano()
+	var ranks [maxCandidates]rank
+	var counts [rankEjected + 1]int
 	for i := range mv.cands {
 		cd := &mv.cands[i]
 		if now >= cd.expires {
+			ranks[i] = rankStale
 			continue
 		}
-		dst = append(dst, Target{
-			Region: cd.c.Region, Cluster: cd.c.Name, Tier1: cd.c.Tier1, Score: cd.score,
-			c: cd.c, cand: uint16(i), rank: cd.c.admission(now, &v.outlier),
-		})
+		r := cd.c.admission(now, &v.outlier)
+		ranks[i] = r
+		counts[r]++
 	}
-	if len(dst) == 0 {
+	top := rankReady
+	for top <= rankEjected && counts[top] == 0 {
+		top++
+	}
+	if top > rankEjected {
 		return dst
 	}
-	sortTargets(dst)
-
-	// The home set: the leading targets of the best rank whose score is
-	// within the spread of the best.
-	best := dst[0].Score
-	h := 1
-	for h < len(dst) && dst[h].rank == dst[0].rank && dst[h].Score >= best-v.spread-1e-12 {
-		h++
+	// Ejected clusters are a last resort only.
+	last := rankProbation
+	if top == rankEjected {
+		last = rankEjected
+	}
+	// Emit in the view's score order, rank by rank. The home set is the
+	// leading run of the top rank within the spread of the best; past it,
+	// stop once there are enough fallbacks.
+	h := 0
+	var best float64
+	for r := top; r <= last; r++ {
+		for _, i := range mv.order {
+			if ranks[i] != r {
+				continue
+			}
+			cd := &mv.cands[i]
+			switch {
+			case r == top && h == 0:
+				best = cd.score
+				h = 1
+			case r == top && h == len(dst) && cd.score >= best-v.spread-1e-12:
+				h++
+			case len(dst) >= v.maxTargets:
+				continue
+			}
+			dst = append(dst, Target{
+				Region: cd.c.Region, Cluster: cd.c.Name, Tier1: cd.c.Tier1, Score: cd.score,
+				c: cd.c, cand: i, rank: r,
+			})
+		}
 	}
 	if h > 1 {
 		home := f.home(dst[:h], mv, v, req.PrefixHash)
@@ -450,12 +484,6 @@ func (f *Fleet) Select(dst []Target, req Request) []Target {
 			t := dst[home]
 			copy(dst[1:home+1], dst[:home])
 			dst[0] = t
-		}
-	}
-	// Ejected clusters are a last resort only.
-	if dst[0].rank != rankEjected {
-		for len(dst) > 0 && dst[len(dst)-1].rank == rankEjected {
-			dst = dst[:len(dst)-1]
 		}
 	}
 	if len(dst) > v.maxTargets {
@@ -517,28 +545,6 @@ func (f *Fleet) home(set []Target, mv *modelView, v *view, prefix uint64) int {
 		}
 	}
 	return bestI
-}
-
-// sortTargets orders by rank, then score (higher first), then Region and
-// name; an insertion sort, as lists are short and must not allocate.
-func sortTargets(ts []Target) {
-	less := func(a, b *Target) bool {
-		if a.rank != b.rank {
-			return a.rank < b.rank
-		}
-		if a.Score != b.Score {
-			return a.Score > b.Score
-		}
-		if a.Region != b.Region {
-			return a.Region < b.Region
-		}
-		return a.Cluster < b.Cluster
-	}
-	for i := 1; i < len(ts); i++ {
-		for j := i; j > 0 && less(&ts[j], &ts[j-1]); j-- {
-			ts[j], ts[j-1] = ts[j-1], ts[j]
-		}
-	}
 }
 
 // Begin counts a request as in flight to t, for bounded loads. Pair every
