@@ -474,3 +474,20 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+func TestBroadcastSurvivesPacketLoss(t *testing.T) {
+	// A fifth of all packets are lost; retransmission by every receiver
+	// and push/pull still get each broadcast everywhere.
+	c := startCluster(t, 8, []string{"a", "b"}, func(cfg *gossip.Config) {
+		cfg.PushPullInterval = 500 * time.Millisecond
+	})
+	c.net.Drop(gossiptest.Region("a"), gossiptest.Region("b"), 0.2)
+	c.net.Drop(gossiptest.Region("a"), gossiptest.Region("a"), 0.2)
+	c.net.Drop(gossiptest.Region("b"), gossiptest.Region("b"), 0.2)
+	for i := range 5 {
+		c.spread(t, i, fmt.Sprintf("lossy-%d", i))
+	}
+	if c.net.Dropped() == 0 {
+		t.Error("no packet was dropped")
+	}
+}
