@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 )
 
 // DefaultMaxBytes is the body size limit used when none is given.
@@ -71,6 +72,10 @@ type Body struct {
 	TokenIDs []int64
 	// Messages are a chat's messages in order.
 	Messages []Message
+	// MaxTokens is "max_tokens" (or "max_completion_tokens"): the most
+	// output tokens the caller allows; 0 when absent or not a positive
+	// integer. Rate limits charge it at admission.
+	MaxTokens int
 }
 
 // Message is one chat message.
@@ -176,6 +181,15 @@ func (p *parser) body() error {
 			v, err := p.string()
 			p.out.CacheSalt = v
 			return err
+		case "max_tokens", "max_completion_tokens":
+			start := s.i
+			if err := s.skip(); err != nil {
+				return err
+			}
+			if n, err := strconv.Atoi(strings.TrimSpace(string(s.b[start:s.i]))); err == nil && n > 0 {
+				p.out.MaxTokens = n
+			}
+			return nil
 		case "prompt":
 			p.promptAt, p.hasPrompt = s.i, true
 			return s.skip()

@@ -18,7 +18,7 @@ func TestParse(t *testing.T) {
 		{
 			name: "completion",
 			body: `{"model":"llama","prompt":"Hello","stream":true,"max_tokens":5}`,
-			want: Body{Model: "llama", Stream: true, Kind: Completion, Prompt: "Hello"},
+			want: Body{Model: "llama", Stream: true, Kind: Completion, Prompt: "Hello", MaxTokens: 5},
 		},
 		{
 			name: "completion with token ids and salt",
