@@ -208,6 +208,9 @@ func (p *Pod) Submit(now time.Duration, r *Request, tag any) error {
 		p.stats.failures++
 		return err
 	}
+	if _, dup := p.byReq[r]; dup {
+		return fmt.Errorf("pod %s: request %q submitted twice: %w", p.cfg.Name, r.ID, ErrInvalidRequest)
+	}
 	if p.faults.ErrorRate > 0 || p.faults.RejectRate > 0 {
 		x := p.rng.Float64()
 		switch {
@@ -218,9 +221,6 @@ func (p *Pod) Submit(now time.Duration, r *Request, tag any) error {
 			p.stats.failures++
 			return fmt.Errorf("pod %s: %w", p.cfg.Name, ErrRateLimited)
 		}
-	}
-	if _, dup := p.byReq[r]; dup {
-		return fmt.Errorf("pod %s: request %q submitted twice: %w", p.cfg.Name, r.ID, ErrInvalidRequest)
 	}
 	s := &seq{req: r, tag: tag, arrival: now, target: r.PromptTokens, firstToken: -1}
 	p.byReq[r] = s
@@ -322,9 +322,11 @@ func (p *Pod) BeginStep(now time.Duration) (d time.Duration, ok bool) {
 		budget = p.admit(now, budget)
 	}
 	if len(p.batch) == 0 {
-		// Nothing fits (e.g. every waiting request needs an adapter slot
-		// held by nobody running, which cannot happen, or more blocks than
-		// are free with nothing running). Report idle rather than spin.
+		// Cannot happen: with nothing running every adapter slot and every
+		// cached block can be freed, and Submit refused requests larger
+		// than the cache. Were it to, reporting idle makes the engine end
+		// the run and fail the waiting requests with ErrUnfinished rather
+		// than spin.
 		return 0, false
 	}
 	var c stepCost
