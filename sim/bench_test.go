@@ -1,7 +1,11 @@
 package sim
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -68,6 +72,44 @@ func BenchmarkMooncakeReplay(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(len(reqs))*float64(b.N)/b.Elapsed().Seconds(), "req/s")
+		})
+	}
+}
+
+// BenchmarkLivePod measures one live pod's HTTP cost per request on
+// loopback, with model time made negligible (time scale 10⁶): a 16-token
+// chat completion, non-streaming and streamed with a usage chunk.
+func BenchmarkLivePod(b *testing.B) {
+	prof := mustProfile(b, "h100")
+	pods, err := StartPods(context.Background(), PodSpec{Pod: PodConfig{Profile: prof}, TimeScale: 1e6}, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pods[0].Close()
+	url := pods[0].URL() + "/v1/chat/completions"
+	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	defer c.CloseIdleConnections()
+	for _, stream := range []bool{false, true} {
+		body := `{"messages":[{"role":"user","content":"` + strings.Repeat("hello ", 100) + `"}],"max_tokens":16`
+		name := "non-streaming"
+		if stream {
+			body += `,"stream":true,"stream_options":{"include_usage":true}`
+			name = "streaming"
+		}
+		body += "}"
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := c.Post(url, "application/json", strings.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, _ := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || n == 0 {
+					b.Fatalf("%s, %d bytes", resp.Status, n)
+				}
+			}
 		})
 	}
 }
