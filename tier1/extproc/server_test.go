@@ -1,0 +1,285 @@
+package extproc_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/meridian-router/meridian/tier1/extproc"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func chat(model, text string, stream bool) []byte {
+	b, _ := json.Marshal(map[string]any{"model": model, "stream": stream, "max_tokens": 4,
+		"messages": []map[string]string{{"role": "user", "content": text}}})
+	return b
+}
+
+// errorBody decodes an immediate response's OpenAI-shaped error.
+func errorBody(t *testing.T, ir *extprocv3.ImmediateResponse) (typ, code, msg string) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(ir.GetBody(), &e); err != nil {
+		t.Fatalf("immediate response body is not OpenAI's error JSON: %v: %s", err, ir.GetBody())
+	}
+	ct := ""
+	for _, h := range ir.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "content-type" {
+			ct = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if ct != "application/json" {
+		t.Fatalf("immediate response content-type %q", ct)
+	}
+	return e.Error.Type, e.Error.Code, e.Error.Message
+}
+
+func TestRouting(t *testing.T) {
+	p := newPlatform(t, &extproc.Server{MaxBodyBytes: 64 << 10}, 50)
+	cases := []struct {
+		name     string
+		path     string
+		header   map[string]string
+		body     []byte
+		status   int // immediate response status; 0 routes
+		pool     string
+		contains string
+	}{
+		{name: "base model", body: chat("chat-model", "hello", false), pool: "chat", contains: `"chat-model"`},
+		{name: "streaming", body: chat("chat-model", "hello", true), pool: "chat", contains: "data: [DONE]"},
+		{name: "completion", path: "/v1/completions", body: []byte(`{"model":"chat-model","prompt":"once upon","max_tokens":3}`), pool: "chat", contains: `"text_completion"`},
+		{name: "adapter via BBR", body: chat("adapter-a", "triage this claim", false), pool: "lora", contains: `"adapter-a"`},
+		{name: "BBR headers", header: map[string]string{"X-Gateway-Model-Name": "adapter-b", "X-Gateway-Base-Model-Name": "base-8b"}, body: chat("adapter-b", "hi", false), pool: "lora", contains: `"adapter-b"`},
+		{name: "unknown model", body: chat("gpt-9", "hi", false), status: 404, contains: "no matching model: set the model in the request body or the x-gateway-model-name header"},
+		{name: "malformed body", body: []byte(`{"model": "chat-model", "messages": [`), status: 400, contains: "malformed"},
+		{name: "missing model", body: []byte(`{"messages": []}`), status: 400, contains: "model"},
+		{name: "too large", body: chat("chat-model", strings.Repeat("x", 70<<10), false), status: 413, contains: "too large"},
+	}
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED} {
+		for _, tc := range cases {
+			t.Run(mode.String()+"/"+tc.name, func(t *testing.T) {
+				pk := p.request(t, t.Context(), call{mode: mode, path: tc.path, header: tc.header, body: tc.body})
+				if tc.status != 0 {
+					if pk.immediate == nil {
+						t.Fatalf("routed to %q; want an immediate %d", pk.dest, tc.status)
+					}
+					if got := int(pk.immediate.GetStatus().GetCode()); got != tc.status {
+						t.Fatalf("immediate status %d, want %d", got, tc.status)
+					}
+					_, _, msg := errorBody(t, pk.immediate)
+					if !strings.Contains(msg, tc.contains) {
+						t.Fatalf("message %q does not contain %q", msg, tc.contains)
+					}
+					return
+				}
+				if pk.immediate != nil {
+					t.Fatalf("immediate %d: %s", pk.immediate.GetStatus().GetCode(), pk.immediate.GetBody())
+				}
+				if pk.dest == "" || pk.dest != pk.meta || !pk.clear {
+					t.Fatalf("destination header %q, metadata %q, clear route cache %v: want equal, non-empty, true", pk.dest, pk.meta, pk.clear)
+				}
+				eps := strings.Split(pk.dest, ",")
+				for _, ep := range eps {
+					if !p.inPool(tc.pool, ep) {
+						t.Fatalf("destination %q lists %s, not a %s pod", pk.dest, ep, tc.pool)
+					}
+				}
+				if len(eps) < 2 {
+					t.Fatalf("destination %q has no fallbacks", pk.dest)
+				}
+				code, out := p.respond(t, pk, tc.path, tc.body, pk.primary(), "")
+				if code != 200 || !strings.Contains(string(out), tc.contains) {
+					t.Fatalf("pod answered %d: %s", code, out)
+				}
+				if n := p.inFlight(); n != 0 {
+					t.Fatalf("in flight after the response: %d", n)
+				}
+			})
+		}
+	}
+}
+
+func TestLargeBodyChunked(t *testing.T) {
+	p := newPlatform(t, nil, 200)
+	body := chat("chat-model", strings.Repeat("A long document to summarise. ", 10<<10), false) // ≈ 300 KB
+	if len(body) < 300<<10 {
+		t.Fatalf("body is %d bytes", len(body))
+	}
+	pk := p.request(t, t.Context(), call{body: body, chunk: 16 << 10})
+	if pk.immediate != nil {
+		t.Fatalf("immediate %d: %s", pk.immediate.GetStatus().GetCode(), pk.immediate.GetBody())
+	}
+	if string(pk.body) != string(body) {
+		t.Fatalf("body sent back differs: %d bytes, want %d", len(pk.body), len(body))
+	}
+	for i, n := range pk.chunks {
+		if n > extproc.MaxChunk {
+			t.Fatalf("chunk %d is %d bytes, over %d", i, n, extproc.MaxChunk)
+		}
+	}
+	if want := (len(body) + extproc.MaxChunk - 1) / extproc.MaxChunk; len(pk.chunks) != want {
+		t.Fatalf("%d chunks, want %d", len(pk.chunks), want)
+	}
+	if code, out := p.respond(t, pk, "", body, pk.primary(), ""); code != 200 {
+		t.Fatalf("pod answered %d: %s", code, out)
+	}
+}
+
+func TestSubsetHint(t *testing.T) {
+	p := newPlatform(t, nil, 50)
+	only := p.pods["chat"][2].Addr()
+	cases := []struct {
+		name   string
+		subset []string
+		status int
+		want   []string // the destination, exactly
+	}{
+		{"one pod", []string{only}, 0, []string{only}},
+		{"one pod and a stranger", []string{"10.9.9.9:8000", only}, 0, []string{only}},
+		{"two pods", []string{p.pods["chat"][0].Addr(), only}, 0, nil},
+		{"empty", []string{}, 503, nil},
+		{"no pod of the pool", []string{"10.9.9.9:8000"}, 503, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pk := p.request(t, t.Context(), call{body: chat("chat-model", "hi", false), subset: tc.subset, hasHint: true})
+			if tc.status != 0 {
+				if pk.immediate == nil || int(pk.immediate.GetStatus().GetCode()) != tc.status {
+					t.Fatalf("got %v / %q; want immediate %d", pk.immediate, pk.dest, tc.status)
+				}
+				errorBody(t, pk.immediate)
+				return
+			}
+			if pk.immediate != nil {
+				t.Fatalf("immediate %d: %s", pk.immediate.GetStatus().GetCode(), pk.immediate.GetBody())
+			}
+			for _, ep := range strings.Split(pk.dest, ",") {
+				found := false
+				for _, s := range tc.subset {
+					found = found || s == ep
+				}
+				if !found {
+					t.Fatalf("destination %q lists %s outside the subset %v", pk.dest, ep, tc.subset)
+				}
+			}
+			if tc.want != nil && pk.dest != strings.Join(tc.want, ",") {
+				t.Fatalf("destination %q, want %q", pk.dest, strings.Join(tc.want, ","))
+			}
+			p.respond(t, pk, "", nil, pk.primary(), "")
+		})
+	}
+}
+
+func TestBodylessRequest(t *testing.T) {
+	p := newPlatform(t, nil, 50)
+	pk := p.request(t, t.Context(), call{path: "/v1/models"})
+	if pk.immediate != nil || pk.dest == "" || pk.dest != pk.meta {
+		t.Fatalf("GET without a body: immediate %v, destination %q, metadata %q", pk.immediate, pk.dest, pk.meta)
+	}
+	if p.endpoint(pk.dest) == nil {
+		t.Fatalf("destination %q is not an endpoint", pk.dest)
+	}
+}
+
+// TestServedFallback: when Envoy reports that a fallback served, the
+// request is accounted to that endpoint and the primary is released.
+func TestServedFallback(t *testing.T) {
+	p := newPlatform(t, nil, 50)
+	pk := p.request(t, t.Context(), call{body: chat("chat-model", "hello", false)})
+	eps := strings.Split(pk.dest, ",")
+	if len(eps) < 2 {
+		t.Fatalf("destination %q has no fallback", pk.dest)
+	}
+	primary, fallback := p.endpoint(eps[0]), p.endpoint(eps[1])
+	if primary.InFlight() != 1 || fallback.InFlight() != 0 {
+		t.Fatalf("after the decision: primary %d, fallback %d in flight; want 1, 0", primary.InFlight(), fallback.InFlight())
+	}
+	// Respond by hand up to the response headers to observe the switch.
+	code, _ := p.respond(t, pk, "", nil, eps[1], eps[1])
+	if code != 200 {
+		t.Fatalf("fallback pod answered %d", code)
+	}
+	if n := p.inFlight(); n != 0 {
+		t.Fatalf("in flight after the fallback served: %d", n)
+	}
+}
+
+// TestCancellation cancels streams at each stage; nothing leaks (goleak in
+// TestMain) and the in-flight counts return to zero.
+func TestCancellation(t *testing.T) {
+	p := newPlatform(t, nil, 50)
+	body := chat("chat-model", strings.Repeat("cancel me ", 20<<10), false)
+	stages := []string{"mid-body", "after the decision", "after the response headers"}
+	for _, stage := range stages {
+		t.Run(stage, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			switch stage {
+			case "mid-body":
+				st, err := p.client.Process(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := st.Send(headersOnly()); err != nil {
+					t.Fatal(err)
+				}
+				if err := st.Send(bodyChunk(body[:100<<10], false)); err != nil {
+					t.Fatal(err)
+				}
+				cancel()
+			case "after the decision":
+				pk := p.request(t, ctx, call{body: body})
+				if pk.immediate != nil {
+					t.Fatalf("immediate: %s", pk.immediate.GetBody())
+				}
+				if p.inFlight() != 1 {
+					t.Fatalf("in flight after the decision: %d, want 1", p.inFlight())
+				}
+				cancel()
+			case "after the response headers":
+				pk := p.request(t, ctx, call{body: body})
+				p.sendT(t, pk.stream, responseHeaders(200))
+				p.recvT(t, pk.stream)
+				cancel()
+			}
+			eventually(t, "every stream closed and nothing in flight", func() bool {
+				return p.srv.Active() == 0 && p.inFlight() == 0
+			})
+		})
+	}
+	// The picker still works after the cancellations.
+	pk := p.request(t, t.Context(), call{body: chat("chat-model", "still there?", false)})
+	if code, out := p.respond(t, pk, "", nil, pk.primary(), ""); code != 200 {
+		t.Fatalf("after cancellations: %d %s", code, out)
+	}
+}
+
+func TestHealth(t *testing.T) {
+	p := newPlatform(t, nil, 50)
+	hc := grpc_health_v1.NewHealthClient(p.conn)
+	for _, svc := range []string{"", "liveness", "readiness", extproc.ServiceName} {
+		eventually(t, fmt.Sprintf("health %q serving", svc), func() bool {
+			r, err := hc.Check(t.Context(), &grpc_health_v1.HealthCheckRequest{Service: svc})
+			return err == nil && r.GetStatus() == grpc_health_v1.HealthCheckResponse_SERVING
+		})
+	}
+	if _, err := hc.Check(t.Context(), &grpc_health_v1.HealthCheckRequest{Service: "nope"}); err == nil {
+		t.Fatal("health of an unknown service: no error")
+	}
+}
