@@ -1,0 +1,386 @@
+package tier2
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/priority"
+	"github.com/meridian-router/meridian/ratelimit"
+	"github.com/meridian-router/meridian/regions"
+	"github.com/meridian-router/meridian/tier2/gossip"
+)
+
+// InstanceConfig configures one Tier-2 process.
+type InstanceConfig struct {
+	// Region this instance serves; Name identifies it among Tier-2s
+	// (gossip member name, rate-limit instance).
+	Region, Name string
+	// Gossip: the memberlist bind address (host:port; empty: no gossip,
+	// a single instance), addresses to join, and the timing profile
+	// ("lan", "wan", "local").
+	GossipBind    string
+	GossipJoin    []string
+	GossipProfile string
+	// GossipTransport, when set, replaces memberlist's network transport
+	// (fault injection, the local platform's cross-Region delay).
+	GossipTransport gossipTransport
+	// SubscribeAll subscribes to every cluster's pool-health feed, not
+	// only this Region's: for a lone Tier-2 without gossip peers.
+	SubscribeAll bool
+	// InsecureNoAuth admits callers without a token (development only).
+	InsecureNoAuth bool
+	// Transport to Tier-1s; nil means NewTransport().
+	Transport http.RoundTripper
+	// ConfigDir resolves a gateway's relative jwksFile. Empty: the
+	// directory of the file that declared it, when it is a file.
+	ConfigDir string
+	// Keys, when set, replaces the JWKS of the configuration (tests, the
+	// local platform's development key).
+	Keys       *KeySet
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Instance is a running Tier-2: the router and its background work.
+type Instance struct {
+	cfg     InstanceConfig
+	log     *slog.Logger
+	Router  *Router
+	Fleet   *regions.Fleet
+	Limiter *ratelimit.Limiter
+	Node    *gossip.Node
+	adm     *Admission
+	keys    *KeySet
+	metrics *Metrics
+
+	mu   sync.Mutex
+	subs map[string]context.CancelFunc // cluster → health subscription
+}
+
+// NewInstance assembles a Tier-2 from the first configuration.
+func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot) (*Instance, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if snap.Topology == nil {
+		return nil, fmt.Errorf("tier2: the configuration has no Topology: Tier-2 needs the Regions and clusters")
+	}
+	in := &Instance{cfg: cfg, log: cfg.Logger, subs: map[string]context.CancelFunc{}}
+	in.metrics = NewMetrics(cfg.Registerer)
+	fleet, err := regions.NewFleet(in.fleetConfig(snap))
+	if err != nil {
+		return nil, err
+	}
+	in.Fleet = fleet
+	rlcfg := ratelimit.DefaultConfig(cfg.Name)
+	rlcfg.Registerer = cfg.Registerer
+	if in.Limiter, err = ratelimit.New(rlcfg); err != nil {
+		return nil, err
+	}
+	if cfg.GossipBind != "" {
+		host, port, err := net.SplitHostPort(cfg.GossipBind)
+		if err != nil {
+			return nil, fmt.Errorf("tier2: --gossip-bind: %w", err)
+		}
+		p, _ := strconv.Atoi(port)
+		node, err := gossip.New(gossip.Config{
+			Name: cfg.Name, Region: cfg.Region, BindAddr: host, BindPort: p,
+			Join: cfg.GossipJoin, Profile: cfg.GossipProfile, Logger: cfg.Logger,
+			Transport: cfg.GossipTransport,
+		})
+		if err != nil {
+			return nil, err
+		}
+		in.Node = node
+		node.Register(gossip.ChannelRegions, fleet.Digests())
+		node.Register(gossip.ChannelRateLimit, in.Limiter)
+		fleet.Digests().SetPublish(func(key string, p []byte) error {
+			return node.BroadcastLatest(gossip.ChannelRegions, key, p)
+		})
+	}
+	in.keys = cfg.Keys
+	auth, err := in.authenticator(ctx, snap)
+	if err != nil {
+		return nil, err
+	}
+	pm, err := priority.NewMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	in.adm = &Admission{Region: cfg.Region, Fleet: fleet, Metrics: pm}
+	in.Router, err = NewRouter(Config{
+		Region: cfg.Region, Fleet: fleet, Auth: auth, InsecureNoAuth: cfg.InsecureNoAuth,
+		Limiter: in.Limiter, Priority: in.adm, Transport: cfg.Transport, Logger: cfg.Logger, Metrics: in.metrics,
+	}, snap)
+	if err != nil {
+		return nil, err
+	}
+	in.adm.Tenants = func() *priority.Tenants { return in.Router.snap.Load().tenants }
+	return in, nil
+}
+
+// gossipTransport is memberlist's transport.
+type gossipTransport = memberlist.Transport
+
+func (in *Instance) fleetConfig(snap *config.Snapshot) regions.Config {
+	return regions.Config{
+		LocalRegion: in.cfg.Region,
+		Clusters:    regions.ClustersFromTopology(snap.Topology),
+	}
+}
+
+// authenticator builds JWT verification from the gateways of this Region
+// (the first that configures it).
+func (in *Instance) authenticator(ctx context.Context, snap *config.Snapshot) (*Authenticator, error) {
+	if in.cfg.InsecureNoAuth {
+		return nil, nil
+	}
+	var jwtCfg *config.JWT
+	var origin string
+	for _, g := range snap.Gateways {
+		if g.Spec.Auth.JWT != nil && (jwtCfg == nil || g.Spec.Region == in.cfg.Region) {
+			jwtCfg, origin = g.Spec.Auth.JWT, snap.Objects[config.ObjectKey{Kind: config.KindGateway, Name: g.Metadata.Name}].Origin
+			if g.Spec.Region == in.cfg.Region {
+				break
+			}
+		}
+	}
+	if jwtCfg == nil {
+		return nil, fmt.Errorf("tier2: no gateway configures spec.auth.jwt; configure it or pass --insecure-no-auth")
+	}
+	if in.keys == nil {
+		dir := in.cfg.ConfigDir
+		if dir == "" && origin != "" {
+			dir = filepath.Dir(origin)
+		}
+		ks, err := NewKeySet(ctx, *jwtCfg, dir)
+		if err != nil {
+			return nil, err
+		}
+		ks.Logger = in.log
+		in.keys = ks
+	}
+	return NewAuthenticator(*jwtCfg, in.keys, 30*time.Second, nil), nil
+}
+
+// Handler is the front door.
+func (in *Instance) Handler() http.Handler { return in.Router.Handler() }
+
+// Run does the instance's background work until ctx ends: configuration
+// updates, pool-health subscriptions, rate-limit exchange, admission
+// refresh, proximity and metrics. On return it has left the gossip.
+func (in *Instance) Run(ctx context.Context, updates <-chan *config.Snapshot) {
+	var wg sync.WaitGroup
+	goRun := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
+	in.subscribe(ctx, in.Router.snap.Load().snap)
+	goRun(func() { in.adm.Run(ctx, 0) })
+	if in.keys != nil {
+		goRun(func() { in.keys.Run(ctx, 0) })
+	}
+	if in.Node != nil {
+		goRun(func() {
+			in.Limiter.Run(ctx, func(p []byte) { in.Node.Broadcast(gossip.ChannelRateLimit, p) })
+		})
+	}
+	goRun(func() { in.housekeeping(ctx) })
+	if updates != nil {
+		goRun(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case s, ok := <-updates:
+					if !ok {
+						return
+					}
+					in.apply(ctx, s)
+				}
+			}
+		})
+	}
+	<-ctx.Done()
+	in.mu.Lock()
+	for _, cancel := range in.subs {
+		cancel()
+	}
+	in.mu.Unlock()
+	wg.Wait()
+	if in.Node != nil {
+		if p := in.Limiter.Leave(); p != nil {
+			in.Node.Broadcast(gossip.ChannelRateLimit, p)
+		}
+		in.Node.Leave(time.Second)
+		in.Node.Close()
+	}
+}
+
+func (in *Instance) apply(ctx context.Context, s *config.Snapshot) {
+	if s.Topology == nil {
+		in.log.Error("tier2: configuration without a Topology not applied", "revision", s.Revision)
+		return
+	}
+	if err := in.Fleet.Update(in.fleetConfig(s)); err != nil {
+		in.log.Error("tier2: configuration not applied", "revision", s.Revision, "error", err)
+		return
+	}
+	if err := in.Router.Apply(s); err != nil {
+		in.log.Error("tier2: configuration not applied", "revision", s.Revision, "error", err)
+		return
+	}
+	in.subscribe(ctx, s)
+	in.log.Info("tier2: configuration applied", "revision", s.Revision)
+}
+
+// subscribe keeps one pool-health subscription per cluster to follow.
+func (in *Instance) subscribe(ctx context.Context, s *config.Snapshot) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	want := map[string]string{}
+	for _, r := range s.Topology.Spec.Regions {
+		if r.Name != in.cfg.Region && !in.cfg.SubscribeAll {
+			continue
+		}
+		for _, c := range r.Clusters {
+			if c.Health != "" {
+				want[r.Name+"/"+c.Name+"@"+c.Health] = c.Health
+			}
+		}
+	}
+	for k, cancel := range in.subs {
+		if _, ok := want[k]; !ok {
+			cancel()
+			delete(in.subs, k)
+		}
+	}
+	for k, addr := range want {
+		if _, ok := in.subs[k]; ok {
+			continue
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		in.subs[k] = cancel
+		go in.watchHealth(sctx, addr)
+	}
+}
+
+// watchHealth follows one Tier-1's pool-health feed, reconnecting with
+// jittered backoff, and stores (and gossips) every digest.
+func (in *Instance) watchHealth(ctx context.Context, addr string) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := in.watchOnce(ctx, addr)
+		if ctx.Err() != nil {
+			return
+		}
+		in.log.Debug("tier2: pool-health stream ended; reconnecting", "addr", addr, "error", err)
+		d := backoff/2 + time.Duration(rand.Int64N(int64(backoff)))
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (in *Instance) watchOnce(ctx context.Context, addr string) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stream, err := tier1v1.NewPoolHealthClient(conn).Watch(ctx, &tier1v1.WatchRequest{Subscriber: in.cfg.Name})
+	if err != nil {
+		return err
+	}
+	for {
+		cd, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		for _, p := range cd.GetPools() {
+			if _, err := in.Fleet.Digests().Put(FromProto(cd, p)); err != nil {
+				in.log.Warn("tier2: invalid pool-health digest ignored", "cluster", cd.GetCluster(), "pool", p.GetPool(), "error", err)
+			}
+		}
+	}
+}
+
+// FromProto converts one pool of a Tier-1 digest message.
+func FromProto(cd *tier1v1.ClusterDigest, p *tier1v1.PoolDigest) regions.Digest {
+	return regions.Digest{
+		Region: cd.GetRegion(), Cluster: cd.GetCluster(), Pool: p.GetPool(), Model: p.GetModel(),
+		Adapters: p.GetAdapters(), ReadyPods: int(p.GetReadyPods()), TotalPods: int(p.GetTotalPods()),
+		QueueTotal: int(p.GetQueueTotal()), QueueMax: int(p.GetQueueMax()), QueueMin: int(p.GetQueueMin()),
+		KVMean: p.GetKvMean(), KVMax: p.GetKvMax(), Running: int(p.GetRunning()), InFlight: int(p.GetInFlight()),
+		TTFTP50:     time.Duration(p.GetTtftP50Seconds() * float64(time.Second)),
+		TTFTP99:     time.Duration(p.GetTtftP99Seconds() * float64(time.Second)),
+		ErrorRate:   p.GetErrorRate(),
+		HotAdapters: p.GetHotAdapters(), Headroom: p.GetHeadroom(), PrefixHitRatio: p.GetPrefixHitRatio(),
+		Version: p.GetVersion(), Produced: time.Unix(0, p.GetProducedUnixNano()),
+	}
+}
+
+// housekeeping sweeps stale digests, feeds measured round trips to the
+// fleet and refreshes gauges.
+func (in *Instance) housekeeping(ctx context.Context) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		in.Fleet.Digests().Sweep()
+		now := time.Now()
+		in.metrics.digestAge.Reset()
+		for _, d := range in.Fleet.Digests().Digests() {
+			in.metrics.digestAge.WithLabelValues(d.Region, d.Cluster, d.Pool).Set(now.Sub(d.Produced).Seconds())
+		}
+		for _, st := range in.Fleet.Status() {
+			v := 0.0
+			if st.Ejected {
+				v = 1
+			}
+			in.metrics.ejected.WithLabelValues(st.Cluster).Set(v)
+		}
+		if in.Node == nil {
+			continue
+		}
+		in.metrics.members.Reset()
+		byRegion := map[string][]time.Duration{}
+		for _, m := range in.Node.Members() {
+			in.metrics.members.WithLabelValues(m.Region).Inc()
+			if m.Name == in.Node.Name() {
+				continue
+			}
+			if rtt, ok := in.Node.RTT(m.Name); ok {
+				byRegion[m.Region] = append(byRegion[m.Region], rtt)
+			}
+		}
+		for region, rtts := range byRegion {
+			best := rtts[0]
+			for _, r := range rtts[1:] {
+				best = min(best, r)
+			}
+			in.Fleet.ObserveRTT(region, best)
+		}
+	}
+}

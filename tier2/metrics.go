@@ -1,0 +1,51 @@
+package tier2
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are Tier-2's own series (docs/metrics.md).
+type Metrics struct {
+	requests        *prometheus.CounterVec
+	ttft            *prometheus.HistogramVec
+	rejected        *prometheus.CounterVec
+	retries         *prometheus.CounterVec
+	budgetExhausted prometheus.Counter
+	failovers       *prometheus.CounterVec
+	ejections       *prometheus.CounterVec
+	ejected         *prometheus.GaugeVec
+	members         *prometheus.GaugeVec
+	digestAge       *prometheus.GaugeVec
+}
+
+var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// NewMetrics registers Tier-2's series with reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier2_requests_total",
+			Help: "Requests answered, by the model named, the model routed to, the Region and cluster that served, and status."},
+			[]string{"model_name", "target_model_name", "region", "cluster", "code"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meridian_tier2_ttft_seconds",
+			Help: "Time to first response byte measured at Tier-2.", Buckets: latencyBuckets}, []string{"model_name", "target_model_name"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier2_rejected_total",
+			Help: "Requests answered by Tier-2 itself with an error, by tenant, band and reason."}, []string{"tenant", "band", "reason"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier2_retries_total",
+			Help: "Retries on another cluster before the first byte, by the failure that caused them."}, []string{"reason"}),
+		budgetExhausted: prometheus.NewCounter(prometheus.CounterOpts{Name: "meridian_tier2_retry_budget_exhausted_total",
+			Help: "Retries skipped because the retry budget was spent."}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier2_failovers_total",
+			Help: "Requests served outside the Region first chosen."}, []string{"from_region", "to_region"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier2_cluster_ejections_total",
+			Help: "Outlier ejections of clusters."}, []string{"cluster"}),
+		ejected: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_tier2_cluster_ejected",
+			Help: "1 while a cluster is ejected."}, []string{"cluster"}),
+		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_tier2_gossip_members",
+			Help: "Tier-2 instances known, by Region."}, []string{"region"}),
+		digestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_tier2_digest_age_seconds",
+			Help: "Age of the newest pool-health digest."}, []string{"region", "cluster", "pool"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.ttft, m.rejected, m.retries, m.budgetExhausted, m.failovers,
+			m.ejections, m.ejected, m.members, m.digestAge)
+	}
+	return m
+}

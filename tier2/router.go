@@ -1,0 +1,405 @@
+// Package tier2 is Meridian's global router: the authenticated OpenAI
+// front door that runs several times per Region behind one DNS name. For
+// each request it walks explicit stages over one parsed request —
+//
+//	auth → parse → model resolution → admission → rate limit →
+//	cluster choice → forward (fail over before the first byte) → accounting
+//
+// — and forwards to the chosen cluster's Tier-1. The decisions belong to
+// the policy packages (rewrite, priority, ratelimit, regions); this package
+// does the I/O around them: HTTP, the pool-health subscriptions, gossip.
+package tier2
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/priority"
+	"github.com/meridian-router/meridian/ratelimit"
+	"github.com/meridian-router/meridian/regions"
+	"github.com/meridian-router/meridian/request"
+	"github.com/meridian-router/meridian/rewrite"
+)
+
+// Config configures a Router. Zero fields take the defaults in comments.
+type Config struct {
+	// Region this instance runs in.
+	Region string
+	// Fleet orders clusters for each request. Required.
+	Fleet *regions.Fleet
+	// Auth verifies callers. Nil requires InsecureNoAuth.
+	Auth *Authenticator
+	// InsecureNoAuth lets unauthenticated callers in as tenant
+	// "anonymous" (local development only).
+	InsecureNoAuth bool
+	// Limiter enforces global per-tenant rate limits; nil means none.
+	Limiter *ratelimit.Limiter
+	// Priority admits by band per target model; nil means everything is
+	// admitted at once.
+	Priority *Admission
+	// Transport carries requests to Tier-1s. Nil means NewTransport().
+	Transport http.RoundTripper
+	// MaxBodyBytes limits request bodies. Zero means 4 MiB.
+	MaxBodyBytes int64
+	// PrefixBlocks is how many leading prompt blocks of 256 characters key
+	// cluster-level prefix affinity. Zero means 4 (about 256 tokens: a
+	// system prompt).
+	PrefixBlocks int
+	// DefaultMaxTokens is the output-token estimate charged to token
+	// limits for a request without max_tokens. Zero means 256.
+	DefaultMaxTokens int
+	Logger           *slog.Logger
+	Metrics          *Metrics
+	Now              func() time.Time
+}
+
+// Router serves the front door. Apply swaps its configuration.
+type Router struct {
+	cfg  Config
+	log  *slog.Logger
+	m    *Metrics
+	snap atomic.Pointer[state]
+	bufs sync.Pool
+}
+
+// state is one configuration's derived routing state.
+type state struct {
+	snap     *config.Snapshot
+	resolver *rewrite.Resolver
+	tenants  *priority.Tenants
+	served   map[string]bool // target models some scheduler serves (models and adapters)
+}
+
+// NewRouter builds a router over the first configuration.
+func NewRouter(cfg Config, snap *config.Snapshot) (*Router, error) {
+	if cfg.Fleet == nil {
+		return nil, errors.New("tier2: a Fleet is required")
+	}
+	if cfg.Auth == nil && !cfg.InsecureNoAuth {
+		return nil, errors.New("tier2: no JWT authentication is configured (spec.auth.jwt of this Region's gateways); pass --insecure-no-auth to run without it")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = NewTransport()
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = request.DefaultMaxBytes
+	}
+	if cfg.PrefixBlocks <= 0 {
+		cfg.PrefixBlocks = 4
+	}
+	if cfg.DefaultMaxTokens <= 0 {
+		cfg.DefaultMaxTokens = 256
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	r := &Router{cfg: cfg, log: cfg.Logger, m: cfg.Metrics}
+	r.bufs.New = func() any { return new([32 << 10]byte) }
+	if err := r.Apply(snap); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Apply swaps in a new configuration; on error the running one stays.
+func (r *Router) Apply(snap *config.Snapshot) error {
+	res, err := rewrite.NewResolver(snap.Rewrites)
+	if err != nil {
+		return err
+	}
+	var tn *priority.Tenants
+	if old := r.snap.Load(); old != nil {
+		tn = old.tenants // shared with the admission gates: update in place
+		if err := tn.Update(snap.Tenants); err != nil {
+			return err
+		}
+	} else if tn, err = priority.NewTenants(snap.Tenants, nil); err != nil {
+		return err
+	}
+	if r.cfg.Limiter != nil {
+		if err := r.cfg.Limiter.Update(snap.Tenants); err != nil {
+			return err
+		}
+	}
+	st := &state{snap: snap, resolver: res, tenants: tn, served: map[string]bool{}}
+	for _, g := range snap.Gateways {
+		for _, sc := range g.Spec.Schedulers {
+			st.served[sc.ModelName] = true
+			for _, a := range sc.LoraAdapters {
+				st.served[a] = true
+			}
+		}
+	}
+	for a := range snap.Adapters {
+		st.served[a] = true
+	}
+	r.snap.Store(st)
+	return nil
+}
+
+// Handler returns the front door's routes.
+func (r *Router) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", r.serveInference)
+	mux.HandleFunc("POST /v1/completions", r.serveInference)
+	mux.HandleFunc("POST /v1/embeddings", r.serveInference)
+	mux.HandleFunc("GET /v1/models", r.serveModels)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", r.serveReady)
+	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		request.NotFound("not_found", "no route for "+req.Method+" "+req.URL.Path).Write(w)
+	})
+	return mux
+}
+
+func (r *Router) serveReady(w http.ResponseWriter, _ *http.Request) {
+	if len(r.cfg.Fleet.Digests().Digests()) == 0 {
+		request.Unavailable("not_ready", "no pool-health digest received yet").Write(w)
+		return
+	}
+	w.Write([]byte("ready\n"))
+}
+
+// serveModels lists every model some cluster serves with a fresh digest,
+// plus the public names of rewrites.
+func (r *Router) serveModels(w http.ResponseWriter, _ *http.Request) {
+	seen := map[string]bool{}
+	for _, d := range r.cfg.Fleet.Digests().Digests() {
+		if d.ReadyPods > 0 {
+			seen[d.Model] = true
+			for _, a := range d.Adapters {
+				seen[a] = true
+			}
+		}
+	}
+	for _, rw := range r.snap.Load().snap.Rewrites {
+		for _, rule := range rw.Spec.Rules {
+			for _, m := range rule.Matches {
+				if m.Model != nil {
+					seen[m.Model.Value] = true
+				}
+			}
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	data := make([]model, len(ids))
+	for i, id := range ids {
+		data[i] = model{ID: id, Object: "model", OwnedBy: "meridian"}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// call is one request as it walks the stages.
+type call struct {
+	start    time.Time
+	caller   *Caller
+	band     priority.Band
+	body     *request.Body
+	raw      []byte
+	embed    bool
+	resolved rewrite.Resolution
+	rl       ratelimit.Decision
+	ticket   *priority.Ticket
+	spill    bool // admission asked to prefer another Region
+	served   regions.Target
+	settled  bool // token usage reconciled
+}
+
+func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
+	c := &call{start: r.cfg.Now()}
+	st := r.snap.Load()
+	// Stages, in order. Each either lets the request through or answers.
+	stages := []func(*state, *call, http.ResponseWriter, *http.Request) *request.APIError{
+		r.authenticate, r.parse, r.resolve, r.admit, r.rateLimit,
+	}
+	for _, stage := range stages {
+		if e := stage(st, c, w, req); e != nil {
+			r.reject(st, c, e, w)
+			return
+		}
+	}
+	defer c.ticket.Done()
+	r.forward(st, c, w, req)
+}
+
+// reject answers a request a stage refused and counts it.
+func (r *Router) reject(st *state, c *call, e *request.APIError, w http.ResponseWriter) {
+	tenant, band := "unknown", c.band.String()
+	if c.caller != nil {
+		tenant = st.tenantLabel(c.caller.Tenant)
+	}
+	r.m.rejected.WithLabelValues(tenant, band, e.Code).Inc()
+	model := ""
+	if c.body != nil {
+		model = st.modelLabel(c.body.Model)
+	}
+	r.m.requests.WithLabelValues(model, st.modelLabel(c.resolved.Target), "", "", fmt.Sprint(e.Status)).Inc()
+	e.Write(w)
+}
+
+func (st *state) tenantLabel(t string) string {
+	if _, ok := st.snap.Tenants[t]; ok || t == "anonymous" {
+		return t
+	}
+	return "unknown"
+}
+
+func (st *state) modelLabel(m string) string {
+	if m == "" {
+		return ""
+	}
+	if st.served[m] {
+		return m
+	}
+	if _, ok := st.resolver.Resolve(rewrite.Request{Model: m}); ok {
+		return m
+	}
+	return "unknown"
+}
+
+// Stage 1: authentication.
+func (r *Router) authenticate(_ *state, c *call, _ http.ResponseWriter, req *http.Request) *request.APIError {
+	if r.cfg.Auth == nil {
+		c.caller = &Caller{Tenant: "anonymous", Subject: "anonymous"}
+		if b := req.Header.Get("x-meridian-criticality"); b != "" {
+			c.caller.Band = b
+		}
+		return nil
+	}
+	caller, err := r.cfg.Auth.Authenticate(req.Context(), req.Header.Get("Authorization"))
+	if err != nil {
+		return &request.APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "unauthenticated", Message: err.Error()}
+	}
+	c.caller = caller
+	return nil
+}
+
+// Stage 2: parse the body once.
+func (r *Router) parse(_ *state, c *call, _ http.ResponseWriter, req *http.Request) *request.APIError {
+	c.embed = strings.HasSuffix(req.URL.Path, "/embeddings")
+	var err error
+	if c.embed {
+		c.body, c.raw, err = readEmbedding(req, r.cfg.MaxBodyBytes)
+	} else {
+		c.body, c.raw, err = request.Read(req.Body, r.cfg.MaxBodyBytes)
+	}
+	if err != nil {
+		if errors.Is(err, request.ErrTooLarge) {
+			return &request.APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "body_too_large", Message: err.Error()}
+		}
+		if errors.Is(err, request.ErrMissingModel) {
+			return request.BadRequest("missing_model", err.Error())
+		}
+		return request.BadRequest("bad_request", err.Error())
+	}
+	return nil
+}
+
+// Stage 3: model resolution (canary splits) and the tenant's allowed models.
+func (r *Router) resolve(st *state, c *call, _ http.ResponseWriter, req *http.Request) *request.APIError {
+	res, _ := st.resolver.Resolve(rewrite.Request{Model: c.body.Model, Tenant: c.caller.Tenant, Header: req.Header})
+	if res.Target == "" {
+		res = rewrite.Resolution{Public: c.body.Model, Target: c.body.Model}
+	}
+	c.resolved = res
+	if !st.served[res.Target] {
+		return request.NotFound("model_not_found", fmt.Sprintf("the model %q does not exist or is not served", c.body.Model))
+	}
+	if t := st.snap.Tenants[c.caller.Tenant]; t != nil && len(t.Spec.Models) > 0 &&
+		!slices.Contains(t.Spec.Models, res.Public) && !slices.Contains(t.Spec.Models, res.Target) {
+		return &request.APIError{Status: http.StatusForbidden, Type: "permission_error", Code: "model_not_allowed",
+			Message: fmt.Sprintf("tenant %q may not call model %q", c.caller.Tenant, res.Public)}
+	}
+	return nil
+}
+
+// Stage 4: admission by priority band.
+func (r *Router) admit(st *state, c *call, _ http.ResponseWriter, req *http.Request) *request.APIError {
+	claimed := priority.Standard
+	if c.caller.Band != "" {
+		b, err := priority.ParseBand(c.caller.Band)
+		if err != nil {
+			return &request.APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "bad_criticality", Message: err.Error()}
+		}
+		claimed = b
+	}
+	c.band = st.tenants.Band(c.caller.Tenant, claimed)
+	if r.cfg.Priority == nil {
+		return nil
+	}
+	tk, spill, err := r.cfg.Priority.Admit(req.Context(), c.resolved.Target, priority.Request{
+		Tenant: c.caller.Tenant, Band: c.band, Bytes: int64(len(c.raw)),
+	})
+	if err != nil {
+		var rej *priority.Rejection
+		if errors.As(err, &rej) {
+			code := "shed"
+			switch rej.Reason {
+			case priority.ReasonQueueFull, priority.ReasonEvicted:
+				code = "queue_full"
+			case priority.ReasonTimeout:
+				code = "queue_timeout"
+			}
+			return request.TooManyRequests(code, fmt.Sprintf("%s request shed: the model %q is at capacity (%s)", c.band, c.resolved.Public, rej.Reason),
+				int(math.Ceil(rej.RetryAfter.Seconds())))
+		}
+		return request.Unavailable("admission", err.Error())
+	}
+	c.ticket, c.spill = tk, spill
+	return nil
+}
+
+// Stage 5: global per-tenant rate limits.
+func (r *Router) rateLimit(_ *state, c *call, w http.ResponseWriter, _ *http.Request) *request.APIError {
+	if r.cfg.Limiter == nil {
+		return nil
+	}
+	est := int64(c.body.EstimateTokens())
+	if !c.embed {
+		mt := c.body.MaxTokens
+		if mt <= 0 {
+			mt = r.cfg.DefaultMaxTokens
+		}
+		est += int64(mt)
+	}
+	c.rl = r.cfg.Limiter.Allow(ratelimit.Request{Tenant: c.caller.Tenant, Model: c.resolved.Target, Band: c.band.String(), Tokens: est})
+	c.rl.Headers(w.Header().Set)
+	if !c.rl.Allowed {
+		c.ticket.Done()
+		kind := "requests"
+		if strings.Contains(c.rl.Reason, "token") {
+			kind = "tokens"
+		}
+		return request.TooManyRequests("rate_limit_"+kind,
+			fmt.Sprintf("rate limit reached for tenant %q (%s); retry after %s", c.caller.Tenant, c.rl.Reason, c.rl.RetryAfter.Round(time.Millisecond)),
+			int(math.Ceil(c.rl.RetryAfter.Seconds())))
+	}
+	return nil
+}
