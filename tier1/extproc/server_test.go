@@ -7,12 +7,15 @@ import (
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/meridian-router/meridian/tier1/extproc"
+	"github.com/meridian-router/meridian/tier1/gateway"
 )
 
 func TestMain(m *testing.M) {
@@ -201,22 +204,77 @@ func TestBodylessRequest(t *testing.T) {
 // request is accounted to that endpoint and the primary is released.
 func TestServedFallback(t *testing.T) {
 	p := newPlatform(t, nil, 50)
-	pk := p.request(t, t.Context(), call{body: chat("chat-model", "hello", false)})
-	eps := strings.Split(pk.dest, ",")
-	if len(eps) < 2 {
-		t.Fatalf("destination %q has no fallback", pk.dest)
+	for _, via := range []string{"metadata", "header"} {
+		t.Run(via, func(t *testing.T) {
+			pk := p.request(t, t.Context(), call{body: chat("chat-model", "hello", false)})
+			eps := strings.Split(pk.dest, ",")
+			if len(eps) < 2 {
+				t.Fatalf("destination %q has no fallback", pk.dest)
+			}
+			primary, fallback := p.endpoint(eps[0]), p.endpoint(eps[1])
+			if primary.InFlight() != 1 || fallback.InFlight() != 0 {
+				t.Fatalf("after the decision: primary %d, fallback %d in flight; want 1, 0", primary.InFlight(), fallback.InFlight())
+			}
+			rh := responseHeaders(200)
+			if via == "metadata" {
+				md, _ := structpb.NewStruct(map[string]any{gateway.HeaderServed: eps[1]})
+				rh.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{extproc.MetadataNamespace: md}}
+			} else {
+				hs := rh.GetResponseHeaders().GetHeaders()
+				hs.Headers = append(hs.Headers, &corev3.HeaderValue{Key: gateway.HeaderServed, RawValue: []byte(eps[1])})
+			}
+			p.sendT(t, pk.stream, rh)
+			p.recvT(t, pk.stream)
+			if primary.InFlight() != 0 || fallback.InFlight() != 1 {
+				t.Fatalf("after the fallback served: primary %d, fallback %d in flight; want 0, 1", primary.InFlight(), fallback.InFlight())
+			}
+			p.sendT(t, pk.stream, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+				ResponseBody: &extprocv3.HttpBody{Body: []byte("{}"), EndOfStream: true}}})
+			p.recvT(t, pk.stream)
+			if n := p.inFlight(); n != 0 {
+				t.Fatalf("in flight after the response: %d", n)
+			}
+		})
 	}
-	primary, fallback := p.endpoint(eps[0]), p.endpoint(eps[1])
-	if primary.InFlight() != 1 || fallback.InFlight() != 0 {
-		t.Fatalf("after the decision: primary %d, fallback %d in flight; want 1, 0", primary.InFlight(), fallback.InFlight())
-	}
-	// Respond by hand up to the response headers to observe the switch.
-	code, _ := p.respond(t, pk, "", nil, eps[1], eps[1])
-	if code != 200 {
-		t.Fatalf("fallback pod answered %d", code)
-	}
-	if n := p.inFlight(); n != 0 {
-		t.Fatalf("in flight after the fallback served: %d", n)
+}
+
+// TestHeaderRouting: with request_body_mode NONE (or STREAMED) Envoy waits
+// for the headers' answer, so only BBR's X-Gateway-Model-Name routes.
+func TestHeaderRouting(t *testing.T) {
+	p := newPlatform(t, nil, 50)
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_NONE, filterv3.ProcessingMode_STREAMED} {
+		t.Run(mode.String(), func(t *testing.T) {
+			st, err := p.client.Process(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := headersOnly()
+			h.ProtocolConfig.RequestBodyMode = mode
+			hs := h.GetRequestHeaders().GetHeaders()
+			hs.Headers = append(hs.Headers, &corev3.HeaderValue{Key: "x-gateway-model-name", RawValue: []byte("adapter-a")})
+			p.sendT(t, st, h)
+			pk := &picked{}
+			pk.read(t, p.recvT(t, st))
+			if pk.immediate != nil || !p.inPool("lora", pk.primary()) {
+				t.Fatalf("immediate %v, destination %q; want a lora pod", pk.immediate, pk.dest)
+			}
+			st.CloseSend()
+			eventually(t, "the request released", func() bool { return p.inFlight() == 0 })
+
+			// Without the header there is nothing to route by.
+			st, err = p.client.Process(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			h = headersOnly()
+			h.ProtocolConfig.RequestBodyMode = mode
+			p.sendT(t, st, h)
+			pk = &picked{}
+			pk.read(t, p.recvT(t, st))
+			if pk.immediate == nil || pk.immediate.GetStatus().GetCode() != 400 {
+				t.Fatalf("no model header: immediate %v, destination %q; want 400", pk.immediate, pk.dest)
+			}
+		})
 	}
 }
 
