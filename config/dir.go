@@ -344,3 +344,20 @@ func dirDigest(dir string) ([32]byte, error) {
 	copy(sum[:], h.Sum(nil))
 	return sum, err
 }
+
+// StaticSource serves one snapshot that never changes (configuration
+// embedded in the binary).
+type StaticSource struct{ broadcaster }
+
+// NewStaticSource returns a source holding s.
+func NewStaticSource(s *Snapshot) *StaticSource {
+	src := &StaticSource{}
+	src.publish(s)
+	return src
+}
+
+// Run waits for ctx to end, then closes subscriptions.
+func (s *StaticSource) Run(ctx context.Context) {
+	<-ctx.Done()
+	s.close()
+}

@@ -61,6 +61,25 @@ func (s *server) serve(ctx context.Context, log *slog.Logger) error {
 	return nil
 }
 
+// serveTLS is serve over TLS (HTTP/2 negotiated by ALPN).
+func (s *server) serveTLS(ctx context.Context, log *slog.Logger, cert, key string) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.ServeTLS(s.ln, cert, key) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("%s: %w", s.name, err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	if err := s.srv.Shutdown(sctx); err != nil {
+		log.Warn("shutdown did not drain in time; closing", "server", s.name, "error", err)
+		s.srv.Close()
+	}
+	<-errc
+	return nil
+}
+
 // newRegistry returns a registry with the process, Go and build series.
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()

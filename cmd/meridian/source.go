@@ -24,6 +24,9 @@ type sourceFlags struct {
 	endpoints []string
 	prefix    string
 	cache     string
+	// static, when set, is served as is (configuration embedded in the
+	// binary, for meridian up).
+	static *config.Snapshot
 }
 
 func (f *sourceFlags) register(cmd *cobra.Command) {
@@ -59,6 +62,9 @@ func (f *sourceFlags) open(ctx context.Context, reg prometheus.Registerer, log *
 		}
 	}
 	switch {
+	case f.static != nil:
+		src := config.NewStaticSource(f.static)
+		return &openedSource{Source: src, run: src.Run, close: func() {}}, nil
 	case f.dir != "" && len(f.endpoints) > 0:
 		return nil, &exitError{2, errors.New("set either --config or --etcd, not both")}
 	case f.dir != "":

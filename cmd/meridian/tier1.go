@@ -26,6 +26,8 @@ type tier1Flags struct {
 	metrics        string
 	scrapeInterval time.Duration
 	maxMetricsAge  time.Duration
+	health         string // pool-health feed address (empty: off)
+	region         string // Region named in health digests
 }
 
 func newTier1Cmd() *cobra.Command {

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/meridian-router/meridian/tier2"
+)
+
+func init() { extraCommands = append(extraCommands, newTier2Cmd) }
+
+type tier2Flags struct {
+	src            sourceFlags
+	region, name   string
+	listen         string
+	metrics        string
+	gossipBind     string
+	join           []string
+	gossipProfile  string
+	insecureNoAuth bool
+	subscribeAll   bool
+	tlsCert        string
+	tlsKey         string
+}
+
+func newTier2Cmd() *cobra.Command {
+	var f tier2Flags
+	cmd := &cobra.Command{
+		Use:   "tier2",
+		Short: "Run a Region's global router (the authenticated OpenAI front door)",
+		Long: "Tier-2 authenticates callers, resolves canary splits, admits by priority band, enforces\n" +
+			"global per-tenant rate limits, picks a cluster in some Region from gossiped pool health and\n" +
+			"forwards to its Tier-1, failing over before the first response byte.",
+		Example: "  meridian tier2 --config deploy/examples --region us-east-1 --listen :8080 \\\n" +
+			"    --gossip-bind 10.0.0.5:7946 --join tier2.us-east-1:7946,tier2.eu-west-1:7946",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runTier2(cmd.Context(), f, slog.Default())
+		},
+	}
+	f.src.register(cmd)
+	host, _ := os.Hostname()
+	cmd.Flags().StringVar(&f.region, "region", "", "Region this instance serves (required)")
+	cmd.Flags().StringVar(&f.name, "name", host, "unique name of this instance (gossip and rate-limit peer name)")
+	cmd.Flags().StringVar(&f.listen, "listen", ":8080", "address of the OpenAI front door")
+	cmd.Flags().StringVar(&f.metrics, "metrics", ":9090", "address of the Prometheus /metrics endpoint (empty: off)")
+	cmd.Flags().StringVar(&f.gossipBind, "gossip-bind", "", "memberlist bind address host:port (empty: no gossip)")
+	cmd.Flags().StringSliceVar(&f.join, "join", nil, "gossip addresses of other Tier-2 instances (any Region)")
+	cmd.Flags().StringVar(&f.gossipProfile, "gossip-profile", "wan", "memberlist timing: lan, wan (instances span Regions) or local")
+	cmd.Flags().BoolVar(&f.insecureNoAuth, "insecure-no-auth", false, "admit callers without a token, as tenant \"anonymous\" (development only)")
+	cmd.Flags().BoolVar(&f.subscribeAll, "subscribe-all", false, "subscribe to every cluster's health feed, not only this Region's (a lone Tier-2 without gossip)")
+	cmd.Flags().StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS and HTTP/2)")
+	cmd.Flags().StringVar(&f.tlsKey, "tls-key", "", "TLS key file")
+	return cmd
+}
+
+type tier2Instance struct {
+	inst    *tier2.Instance
+	servers []*server
+	run     func(ctx context.Context) error
+}
+
+func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport http.RoundTripper, log *slog.Logger, gt memberlist.Transport) (*tier2Instance, error) {
+	if f.region == "" {
+		return nil, &exitError{2, fmt.Errorf("--region is required")}
+	}
+	reg := newRegistry()
+	src, err := f.src.open(ctx, reg, log)
+	if err != nil {
+		return nil, err
+	}
+	inst, err := tier2.NewInstance(ctx, tier2.InstanceConfig{
+		Region: f.region, Name: f.name, GossipBind: f.gossipBind, GossipJoin: f.join, GossipProfile: f.gossipProfile,
+		SubscribeAll: f.subscribeAll, InsecureNoAuth: f.insecureNoAuth, ConfigDir: f.src.dir, Keys: keys,
+		Transport: transport, Registerer: reg, Logger: log, GossipTransport: gt,
+	}, src.Snapshot())
+	if err != nil {
+		src.close()
+		return nil, err
+	}
+	out := &tier2Instance{inst: inst}
+	front, err := listen("tier2", f.listen, inst.Handler())
+	if err != nil {
+		src.close()
+		return nil, err
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetHTTP2(true)
+	protos.SetUnencryptedHTTP2(true)
+	front.srv.Protocols = &protos
+	out.servers = append(out.servers, front)
+	if f.metrics != "" {
+		ms, err := listen("tier2 metrics", f.metrics, metricsHandler(reg))
+		if err != nil {
+			front.ln.Close()
+			src.close()
+			return nil, err
+		}
+		out.servers = append(out.servers, ms)
+	}
+	out.run = func(ctx context.Context) error {
+		defer src.close()
+		updates := src.Subscribe()
+		go src.run(ctx)
+		g, gctx := errgroup.WithContext(ctx)
+		g.Go(func() error { inst.Run(gctx, updates); return nil })
+		for i, s := range out.servers {
+			if i == 0 && f.tlsCert != "" {
+				g.Go(func() error { return s.serveTLS(gctx, log, f.tlsCert, f.tlsKey) })
+				continue
+			}
+			g.Go(func() error { return s.serve(gctx, log) })
+		}
+		log.Info("tier2 serving", "region", f.region, "listen", front.Addr(), "revision", src.Snapshot().Revision)
+		return g.Wait()
+	}
+	return out, nil
+}
+
+func runTier2(ctx context.Context, f tier2Flags, log *slog.Logger) error {
+	t, err := startTier2(ctx, f, nil, nil, log, nil)
+	if err != nil {
+		return err
+	}
+	return t.run(ctx)
+}

@@ -1,0 +1,351 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/deploy/examples"
+	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/tier2"
+	"github.com/meridian-router/meridian/tier2/gossip/gossiptest"
+)
+
+func init() { extraCommands = append(extraCommands, newUpCmd) }
+
+type upFlags struct {
+	dir        string
+	listen     string
+	timeScale  float64
+	crossDelay time.Duration
+	tenant     string
+	targets    string
+	verbose    bool
+}
+
+func newUpCmd() *cobra.Command {
+	var f upFlags
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run a local multi-Region platform with simulated model servers",
+		Long: "Start, in one process on loopback, the example platform (deploy/examples/platform, embedded\n" +
+			"in the binary): every Region's Tier-2, every cluster's Tier-1 and simulated model-server pods\n" +
+			"of mixed GPU generations. Cross-Region hops get an injected delay so Region proximity is real.\n" +
+			"It prints the endpoint, a development token and a sample request. Ctrl-C stops everything.",
+		Example: "  meridian up\n  meridian up --listen 127.0.0.1:9000 --config deploy/examples/platform",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			level := slog.LevelWarn
+			if f.verbose {
+				level = slog.LevelInfo
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			return runUp(cmd.Context(), f, cmd.OutOrStdout(), log)
+		},
+	}
+	cmd.Flags().StringVar(&f.dir, "config", "", "configuration directory (default: the embedded example platform)")
+	cmd.Flags().StringVar(&f.listen, "listen", "", "address of the first Region's Tier-2 (default: the Topology's)")
+	cmd.Flags().Float64Var(&f.timeScale, "time-scale", 10, "simulated model seconds per wall-clock second")
+	cmd.Flags().DurationVar(&f.crossDelay, "cross-region-delay", 40*time.Millisecond, "one-way delay injected on cross-Region hops")
+	cmd.Flags().StringVar(&f.tenant, "tenant", "support-team", "tenant of the printed development token")
+	cmd.Flags().StringVar(&f.targets, "prometheus-targets", "", "write a Prometheus file_sd JSON of every metrics endpoint to this file")
+	cmd.Flags().BoolVarP(&f.verbose, "verbose", "v", false, "log at info level")
+	return cmd
+}
+
+// Platform is a started local platform (used by tests too).
+type Platform struct {
+	Endpoints map[string]string // Region → Tier-2 base URL
+	Regions   []string          // in Topology order
+	Token     string
+	Pods      []*sim.LivePod
+	Metrics   []MetricsTarget
+	run       func(ctx context.Context) error
+}
+
+// MetricsTarget is one metrics endpoint and its labels.
+type MetricsTarget struct {
+	Addr   string
+	Labels map[string]string
+}
+
+func loadUpConfig(f upFlags) (*config.Snapshot, sourceFlags, error) {
+	if f.dir != "" {
+		s, err := config.LoadDir(f.dir)
+		return s, sourceFlags{dir: f.dir}, err
+	}
+	docs, err := config.ReadFS(examples.Platform(), "embedded:deploy/examples/platform")
+	if err != nil {
+		return nil, sourceFlags{}, err
+	}
+	s, err := config.Build(docs, 1)
+	return s, sourceFlags{static: s}, err
+}
+
+func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error) {
+	snap, src, err := loadUpConfig(f)
+	if err != nil {
+		return nil, err
+	}
+	if snap.Topology == nil || len(snap.Topology.Spec.Regions) == 0 {
+		return nil, fmt.Errorf("up: the configuration has no Topology")
+	}
+	p := &Platform{Endpoints: map[string]string{}}
+	var runs []func(ctx context.Context) error
+	cleanup := func() {
+		for _, lp := range p.Pods {
+			lp.Close()
+		}
+	}
+
+	// Simulated pods, one per StaticEndpoints entry.
+	regionOf := map[string]string{} // cluster → Region
+	for _, r := range snap.Topology.Spec.Regions {
+		for _, c := range r.Clusters {
+			regionOf[c.Name] = r.Name
+		}
+	}
+	for _, se := range snap.StaticEndpoints {
+		for _, ep := range se.Spec.Endpoints {
+			lp, err := startPod(ctx, snap, se.Spec.Cluster, regionOf[se.Spec.Cluster], ep, f.timeScale)
+			if err != nil {
+				cleanup()
+				return nil, err
+			}
+			p.Pods = append(p.Pods, lp)
+			p.Metrics = append(p.Metrics, MetricsTarget{Addr: lp.Addr(), Labels: map[string]string{
+				"job": "model-servers", "pool": ep.Labels["pool"], "cluster": se.Spec.Cluster, "region": regionOf[se.Spec.Cluster]}})
+		}
+	}
+
+	// One Tier-1 per cluster.
+	for _, r := range snap.Topology.Spec.Regions {
+		for _, c := range r.Clusters {
+			u, err := url.Parse(c.Tier1)
+			if err != nil {
+				cleanup()
+				return nil, err
+			}
+			t1, err := startTier1(ctx, tier1Flags{src: src, cluster: c.Name, replica: c.Name + "-0", listen: u.Host,
+				metrics: "127.0.0.1:0", health: c.Health, region: r.Name, scrapeInterval: 50 * time.Millisecond, maxMetricsAge: time.Second}, log)
+			if err != nil {
+				cleanup()
+				return nil, fmt.Errorf("up: cluster %s: %w", c.Name, err)
+			}
+			runs = append(runs, t1.run)
+			p.Metrics = append(p.Metrics, MetricsTarget{Addr: t1.servers[1].Addr(), Labels: map[string]string{
+				"job": "meridian-tier1", "cluster": c.Name, "region": r.Name}})
+		}
+	}
+
+	// A development key and token.
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	keys := tier2.StaticKeySet(jose.JSONWebKey{Key: key.Public(), KeyID: "meridian-up", Algorithm: "ES256", Use: "sig"})
+	if p.Token, err = devToken(snap, key, f.tenant); err != nil {
+		cleanup()
+		return nil, err
+	}
+
+	// One Tier-2 per Region, gossiping over a loopback network that delays
+	// cross-Region packets, and forwarding through a transport that delays
+	// cross-Region requests.
+	netw := gossiptest.NewNetwork()
+	var joins []string
+	for i, r := range snap.Topology.Spec.Regions {
+		for _, other := range snap.Topology.Spec.Regions {
+			if other.Name != r.Name {
+				netw.Delay(gossiptest.Region(r.Name), gossiptest.Region(other.Name), f.crossDelay)
+			}
+		}
+		name := "tier2-" + r.Name
+		gt, err := netw.Transport(name, r.Name)
+		if err != nil {
+			cleanup()
+			return nil, err
+		}
+		addr := ""
+		if len(r.Tier2) > 0 {
+			addr = r.Tier2[0]
+		}
+		if i == 0 && f.listen != "" {
+			addr = f.listen
+		}
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		t2, err := startTier2(ctx, tier2Flags{src: src, region: r.Name, name: name, listen: addr, metrics: "127.0.0.1:0",
+			gossipBind: "127.0.0.1:0", join: slices.Clone(joins), gossipProfile: "local"},
+			keys, delayTransport(r.Name, regionOf, snap, f.crossDelay), log, gt)
+		if err != nil {
+			cleanup()
+			return nil, fmt.Errorf("up: Tier-2 of %s: %w", r.Name, err)
+		}
+		joins = append(joins, t2.inst.Node.Addr())
+		runs = append(runs, t2.run)
+		p.Endpoints[r.Name] = "http://" + t2.servers[0].Addr()
+		p.Regions = append(p.Regions, r.Name)
+		p.Metrics = append(p.Metrics, MetricsTarget{Addr: t2.servers[1].Addr(), Labels: map[string]string{"job": "meridian-tier2", "region": r.Name}})
+	}
+	p.run = func(ctx context.Context) error {
+		defer cleanup()
+		g, gctx := errgroup.WithContext(ctx)
+		for _, run := range runs {
+			g.Go(func() error { return run(gctx) })
+		}
+		return g.Wait()
+	}
+	return p, nil
+}
+
+// startPod starts the simulated pod a StaticEndpoints entry names: its GPU
+// profile from the gpu label, its model and adapters from the scheduler
+// whose selector picks it.
+func startPod(ctx context.Context, snap *config.Snapshot, cluster, region string, ep config.StaticEndpoint, timeScale float64) (*sim.LivePod, error) {
+	prof, err := sim.LookupProfile(ep.Labels["gpu"])
+	if err != nil {
+		return nil, fmt.Errorf("up: endpoint %s: %w", ep.Name, err)
+	}
+	model := ep.Labels["model"]
+	var adapters []string
+	if gw := snap.Gateway(cluster); gw != nil {
+		for _, sc := range gw.Spec.Schedulers {
+			if config.MatchLabels(sc.ModelSelector.MatchLabels, ep.Labels) {
+				model = sc.ModelName
+				adapters = sc.LoraAdapters
+			}
+		}
+	}
+	host, port, err := net.SplitHostPort(ep.Address)
+	if err != nil {
+		return nil, err
+	}
+	var portN int
+	fmt.Sscan(port, &portN)
+	labels := map[string]string{"pool": ep.Labels["pool"], "cluster": cluster, "region": region}
+	pods, err := sim.StartPods(ctx, sim.PodSpec{
+		Pod:         sim.PodConfig{Name: ep.Name, Profile: prof, Model: model, Adapters: adapters, Labels: ep.Labels},
+		Host:        host,
+		BasePort:    portN,
+		TimeScale:   timeScale,
+		ConstLabels: labels,
+	}, 1)
+	if err != nil {
+		return nil, fmt.Errorf("up: pod %s at %s: %w", ep.Name, ep.Address, err)
+	}
+	return pods[0], nil
+}
+
+// devToken signs a development token with the gateways' issuer and
+// audience for tenant.
+func devToken(snap *config.Snapshot, key *ecdsa.PrivateKey, tenant string) (string, error) {
+	claims := jwt.MapClaims{"sub": "developer", "tenant": tenant, "criticality": "Standard",
+		"iat": time.Now().Unix(), "exp": time.Now().Add(24 * time.Hour).Unix()}
+	for _, g := range snap.Gateways {
+		if j := g.Spec.Auth.JWT; j != nil {
+			claims["iss"] = j.Issuer
+			if len(j.Audiences) > 0 {
+				claims["aud"] = j.Audiences[0]
+			}
+			if j.RequiredClaims.Tenant != "" {
+				claims[j.RequiredClaims.Tenant] = tenant
+			}
+			break
+		}
+	}
+	tok := jwt.NewWithClaims(jwt.SigningMethodES256, claims)
+	tok.Header["kid"] = "meridian-up"
+	return tok.SignedString(key)
+}
+
+// delayTransport delays requests from region to clusters of other Regions.
+func delayTransport(region string, regionOf map[string]string, snap *config.Snapshot, d time.Duration) http.RoundTripper {
+	far := map[string]bool{}
+	for _, r := range snap.Topology.Spec.Regions {
+		for _, c := range r.Clusters {
+			if r.Name != region {
+				if u, err := url.Parse(c.Tier1); err == nil {
+					far[u.Host] = true
+				}
+			}
+		}
+	}
+	return &delayed{inner: tier2.NewTransport(), far: far, d: d}
+}
+
+type delayed struct {
+	inner http.RoundTripper
+	far   map[string]bool
+	d     time.Duration
+}
+
+func (t *delayed) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t.far[r.URL.Host] && t.d > 0 {
+		timer := time.NewTimer(2 * t.d) // there and back before the first byte
+		select {
+		case <-r.Context().Done():
+			timer.Stop()
+			return nil, r.Context().Err()
+		case <-timer.C:
+		}
+	}
+	return t.inner.RoundTrip(r)
+}
+
+func runUp(ctx context.Context, f upFlags, out io.Writer, log *slog.Logger) error {
+	p, err := startUp(ctx, f, log)
+	if err != nil {
+		return err
+	}
+	if f.targets != "" {
+		if err := writeTargets(f.targets, p.Metrics); err != nil {
+			return err
+		}
+	}
+	regionsList := p.Regions
+	first := p.Endpoints[regionsList[0]]
+	fmt.Fprintf(out, "Meridian is up: %d Regions, %d simulated pods.\n", len(p.Endpoints), len(p.Pods))
+	for _, r := range regionsList {
+		fmt.Fprintf(out, "  %-10s %s\n", r, p.Endpoints[r])
+	}
+	fmt.Fprintf(out, "endpoint: %s\n", first)
+	fmt.Fprintf(out, "token: %s\n", p.Token)
+	fmt.Fprintf(out, "\nTry:\n  curl -s %s/v1/chat/completions \\\n    -H \"Authorization: Bearer %s\" \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"support-agent\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", first, p.Token)
+	fmt.Fprintf(out, "\nModels:\n  curl -s %s/v1/models -H \"Authorization: Bearer %s\"\n\nCtrl-C stops everything.\n", first, p.Token)
+	return p.run(ctx)
+}
+
+func writeTargets(path string, ts []MetricsTarget) error {
+	type group struct {
+		Targets []string          `json:"targets"`
+		Labels  map[string]string `json:"labels"`
+	}
+	var gs []group
+	for _, t := range ts {
+		gs = append(gs, group{Targets: []string{t.Addr}, Labels: t.Labels})
+	}
+	b, err := json.MarshalIndent(gs, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
