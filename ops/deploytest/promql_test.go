@@ -183,3 +183,48 @@ func TestContractCheckCatchesUnknownNames(t *testing.T) {
 		t.Error("the parser accepted a broken expression")
 	}
 }
+
+// TestAdapterRules parses the prometheus-adapter queries behind the
+// chart's external-metric autoscalers, with the adapter's template filled
+// in as it would be for one pool.
+func TestAdapterRules(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repo, "deploy/prometheus/adapter-rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Rules struct {
+			Default  bool `json:"default"`
+			External []struct {
+				SeriesQuery string `json:"seriesQuery"`
+				Resources   struct {
+					Namespaced *bool `json:"namespaced"`
+				} `json:"resources"`
+				Name struct {
+					As string `json:"as"`
+				} `json:"name"`
+				MetricsQuery string `json:"metricsQuery"`
+			} `json:"external"`
+		} `json:"rules"`
+	}
+	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	contract := contractNames(t)
+	names := map[string]bool{}
+	for _, r := range f.Rules.External {
+		names[r.Name.As] = true
+		checkExpression(t, expression{origin: r.Name.As + " seriesQuery", expr: r.SeriesQuery}, contract, nil)
+		q := strings.ReplaceAll(r.MetricsQuery, "<<.LabelMatchers>>", `pool="qwen-32b-agent"`)
+		checkExpression(t, expression{origin: r.Name.As + " metricsQuery", expr: q}, contract, nil)
+		if !strings.Contains(r.MetricsQuery, "by (pool)") {
+			t.Errorf("%s: the HPA selects by pool; the query must keep it", r.Name.As)
+		}
+	}
+	// The names the chart's autoscaling template uses.
+	for _, want := range []string{"meridian_pool_queue_depth", "meridian_pool_429_rate"} {
+		if !names[want] {
+			t.Errorf("no external metric %s", want)
+		}
+	}
+}
