@@ -278,54 +278,57 @@ func (f *Fleet) rebuildLocked() {
 	} else {
 		v.spread = math.Inf(1)
 	}
-	perModel := make(map[string]map[*cluster]*candidate)
-	for _, d := range f.store.Digests() {
+	perModel := make(map[string]*modelView)
+	f.store.eachFresh(func(d *Digest) {
 		c := f.clusters[[2]string{d.Region, d.Cluster}]
 		if c == nil || d.ReadyPods == 0 {
-			continue
+			return
 		}
 		prox, ok := v.proxScore[d.Region]
 		if !ok {
 			prox = f.proximityScore(d.Region)
 			v.proxScore[d.Region] = prox
 		}
-		cd := candidate{c: c, score: f.score(&d, prox), capacity: float64(d.ReadyPods),
+		cd := candidate{c: c, score: f.score(d, prox), capacity: float64(d.ReadyPods),
 			expires: d.Produced.Add(f.cfg.DigestMaxAge).UnixNano()}
 		for i := -1; i < len(d.Adapters); i++ {
 			name := d.Model
 			if i >= 0 {
 				name = d.Adapters[i]
 			}
-			m := perModel[name]
-			if m == nil {
-				m = make(map[*cluster]*candidate)
-				perModel[name] = m
+			mv := perModel[name]
+			if mv == nil {
+				mv = &modelView{}
+				perModel[name] = mv
 			}
 			// Two pools of one cluster serving the same name: the cluster
-			// scores as its better pool and offers both pools' pods.
-			if prev := m[c]; prev != nil {
-				better := *prev
-				if cd.score > prev.score {
-					better = cd
+			// scores as its better pool and offers both pools' pods. Such
+			// pairs are rare, so a scan beats an index.
+			merged := false
+			for j := range mv.cands {
+				if prev := &mv.cands[j]; prev.c == c {
+					capacity := prev.capacity + cd.capacity
+					if cd.score > prev.score {
+						*prev = cd
+					}
+					prev.capacity = capacity
+					merged = true
+					break
 				}
-				better.capacity = prev.capacity + cd.capacity
-				*prev = better
-			} else {
-				cp := cd
-				m[c] = &cp
+			}
+			if !merged {
+				mv.cands = append(mv.cands, cd)
 			}
 		}
-	}
-	for name, m := range perModel {
-		mv := &modelView{}
-		for _, cd := range m {
-			mv.cands = append(mv.cands, *cd)
-		}
+	})
+	for name, mv := range perModel {
 		// A stable order (by Region, then name) lets the ring be reused.
 		sortCandidates(mv.cands)
 		if len(mv.cands) > maxCandidates {
 			mv.cands = mv.cands[:maxCandidates]
 		}
+		mv.members = make([]*cluster, 0, len(mv.cands))
+		mv.order = make([]uint16, 0, len(mv.cands))
 		for i, cd := range mv.cands {
 			mv.members = append(mv.members, cd.c)
 			mv.order = append(mv.order, uint16(i))
@@ -351,17 +354,9 @@ func (v *view) modelView(name string) *modelView {
 }
 
 func sortCandidates(cs []candidate) {
-	less := func(a, b *candidate) bool {
-		if a.c.Region != b.c.Region {
-			return a.c.Region < b.c.Region
-		}
-		return a.c.Name < b.c.Name
-	}
-	for i := 1; i < len(cs); i++ {
-		for j := i; j > 0 && less(&cs[j], &cs[j-1]); j-- {
-			cs[j], cs[j-1] = cs[j-1], cs[j]
-		}
-	}
+	slices.SortFunc(cs, func(a, b candidate) int {
+		return cmp.Or(cmp.Compare(a.c.Region, b.c.Region), cmp.Compare(a.c.Name, b.c.Name))
+	})
 }
 
 func sameClusters(a, b []*cluster) bool {

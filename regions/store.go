@@ -2,7 +2,8 @@ package regions
 
 import (
 	"bytes"
-	"sort"
+	"cmp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,7 @@ func (s *DigestStore) Put(d Digest) (bool, error) {
 	if !s.accept(e) {
 		return false, nil
 	}
+	s.changed()
 	if s.publish != nil {
 		s.publishes.Add(1)
 		if err := s.publish(d.Key().String(), appendList(nil, [][]byte{e.encoded})); err != nil {
@@ -102,10 +104,14 @@ func (s *DigestStore) accept(e *storeEntry) bool {
 	e.d.HotAdapters = append([]string(nil), e.d.HotAdapters...)
 	s.entries[k] = e
 	s.mu.Unlock()
+	return true
+}
+
+// changed tells the owner (a Fleet) that the fresh digests changed.
+func (s *DigestStore) changed() {
 	if s.onChange != nil {
 		s.onChange()
 	}
-	return true
 }
 
 // fresh reports whether d may be used at now. A digest produced further in
@@ -138,8 +144,23 @@ func (s *DigestStore) Digests() []Digest {
 		}
 	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Key().String() < out[j].Key().String() })
+	slices.SortFunc(out, func(a, b Digest) int {
+		return cmp.Or(cmp.Compare(a.Region, b.Region), cmp.Compare(a.Cluster, b.Cluster), cmp.Compare(a.Pool, b.Pool))
+	})
 	return out
+}
+
+// eachFresh calls f with every fresh digest, in no order, under the
+// store's lock: f must not call back into the store or keep d.
+func (s *DigestStore) eachFresh(f func(d *Digest)) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.entries {
+		if s.fresh(&e.d, now) {
+			f(&e.d)
+		}
+	}
 }
 
 // Len returns how many digests are held, stale ones included until Sweep.
@@ -162,8 +183,8 @@ func (s *DigestStore) Sweep() int {
 		}
 	}
 	s.mu.Unlock()
-	if n > 0 && s.onChange != nil {
-		s.onChange()
+	if n > 0 {
+		s.changed()
 	}
 	return n
 }
@@ -192,13 +213,19 @@ func (s *DigestStore) Merge(from string, payload []byte) {
 		s.rejected.Add(1)
 		return
 	}
+	changed := false
 	for _, p := range parts {
 		var d Digest
 		if err := d.UnmarshalBinary(p); err != nil {
 			s.rejected.Add(1)
 			continue
 		}
-		s.accept(&storeEntry{d: d, encoded: bytes.Clone(p)}) // p aliases the whole state
+		if s.accept(&storeEntry{d: d, encoded: bytes.Clone(p)}) { // p aliases the whole state
+			changed = true
+		}
+	}
+	if changed {
+		s.changed() // once per payload: a full state may hold hundreds
 	}
 }
 
