@@ -1,0 +1,135 @@
+package tier2
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/regions"
+)
+
+const frontDoorConfig = `apiVersion: meridian.dev/v1alpha1
+kind: Topology
+metadata: {name: t}
+spec:
+  regions:
+  - name: r1
+    clusters: [{name: c1, tier1: "http://127.0.0.1:1"}]
+---
+apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: c1}
+spec:
+  region: r1
+  cluster: c1
+  schedulers:
+  - name: chat
+    modelName: chat-model
+    modelSelector: {matchLabels: {pool: chat}}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: claims-team}
+spec:
+  models: [chat-model]
+`
+
+func frontDoor(t *testing.T) (*httptest.Server, testKey) {
+	t.Helper()
+	docs, errs := config.Decode("fd.yaml", []byte(frontDoorConfig))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	snap, err := config.Build(docs, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ecK, _ := newKeys(t)
+	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRouter(Config{
+		Region: "r1", Fleet: fleet, MaxBodyBytes: 1 << 10,
+		Auth:   NewAuthenticator(jwtCfg, StaticKeySet(jwk(ecK)), time.Minute, nil),
+		Logger: slog.New(slog.DiscardHandler),
+	}, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r.Handler())
+	t.Cleanup(srv.Close)
+	return srv, ecK
+}
+
+// Bad input gets a clear 4xx in OpenAI's error shape, never a 5xx.
+func TestFrontDoorRejects(t *testing.T) {
+	srv, key := frontDoor(t)
+	claims := func() jwt.MapClaims {
+		c := goodClaims()
+		c["iat"] = time.Now().Add(-time.Minute).Unix()
+		c["exp"] = time.Now().Add(time.Hour).Unix()
+		return c
+	}
+	good := "Bearer " + sign(t, key, claims())
+	expired := claims()
+	expired["exp"] = time.Now().Add(-time.Hour).Unix()
+	cases := []struct {
+		name, auth, path, body string
+		status                 int
+		code                   string
+	}{
+		{"no token", "", "/v1/chat/completions", `{"model":"chat-model","messages":[]}`, 401, "unauthenticated"},
+		{"expired token", "Bearer " + sign(t, key, expired), "/v1/chat/completions", `{"model":"chat-model","messages":[]}`, 401, "unauthenticated"},
+		{"garbage token", "Bearer abc.def.ghi", "/v1/chat/completions", `{"model":"chat-model","messages":[]}`, 401, "unauthenticated"},
+		{"malformed body", good, "/v1/chat/completions", `{"model":`, 400, "bad_request"},
+		{"missing model", good, "/v1/chat/completions", `{"messages":[]}`, 400, "missing_model"},
+		{"too large", good, "/v1/chat/completions", `{"model":"chat-model","prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "body_too_large"},
+		{"unknown model", good, "/v1/chat/completions", `{"model":"gpt-9","messages":[]}`, 404, "model_not_found"},
+		{"no healthy cluster", good, "/v1/chat/completions", `{"model":"chat-model","messages":[]}`, 503, "no_cluster"},
+		{"bad embeddings body", good, "/v1/embeddings", `{"model":"chat-model"}`, 400, "bad_request"},
+		{"unknown route", good, "/v1/nope", `{}`, 404, "not_found"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+tc.path, strings.NewReader(tc.body))
+			if tc.auth != "" {
+				req.Header.Set("Authorization", tc.auth)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, b)
+			}
+			var e struct {
+				Error struct {
+					Message, Type string
+					Code          string
+				}
+			}
+			if err := json.Unmarshal(b, &e); err != nil || e.Error.Code != tc.code || e.Error.Message == "" || e.Error.Type == "" {
+				t.Fatalf("body %s: want OpenAI error with code %q", b, tc.code)
+			}
+		})
+	}
+	resp, err := http.Get(srv.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz without digests = %d, want 503", resp.StatusCode)
+	}
+}
