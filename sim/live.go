@@ -54,9 +54,10 @@ type LivePod struct {
 	srv     *http.Server
 	metrics *podCollector
 
-	mu      sync.Mutex // guards pod and every liveRequest's progress fields
+	mu      sync.Mutex // guards pod, changed and every liveRequest's progress fields
 	lastEnd time.Duration
 	nextID  uint64
+	changed chan struct{} // closed and replaced whenever the pod's state changes
 
 	kick      chan struct{} // wakes the driver when work arrives or faults change
 	stop      context.CancelFunc
@@ -143,6 +144,7 @@ func StartPod(ctx context.Context, spec PodSpec, port int) (*LivePod, error) {
 		stop:     stop,
 		stopping: dctx.Done(),
 		driven:   make(chan struct{}),
+		changed:  make(chan struct{}),
 	}
 	if lp.scale == 0 {
 		lp.scale = 1
@@ -189,6 +191,36 @@ func (lp *LivePod) Metrics() Metrics {
 	return lp.pod.Metrics()
 }
 
+// WaitFor blocks until cond holds for the pod's metrics, re-checking
+// whenever the pod's state changes (a request arrives, a step begins or
+// ends, a request is cancelled, faults change), and returns the metrics
+// that satisfied it. It returns ctx's error if ctx ends first. Tests use it
+// to wait for a state ("one request waiting", "all done") without sleeping.
+// cond runs with the pod locked and must not call the pod.
+func (lp *LivePod) WaitFor(ctx context.Context, cond func(Metrics) bool) (Metrics, error) {
+	for {
+		lp.mu.Lock()
+		m := lp.pod.Metrics()
+		ok := cond(m)
+		changed := lp.changed
+		lp.mu.Unlock()
+		if ok {
+			return m, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return m, ctx.Err()
+		}
+	}
+}
+
+// change wakes WaitFor callers. Called with mu held.
+func (lp *LivePod) change() {
+	close(lp.changed)
+	lp.changed = make(chan struct{})
+}
+
 // Faults returns the faults in force.
 func (lp *LivePod) Faults() Faults {
 	lp.mu.Lock()
@@ -201,6 +233,7 @@ func (lp *LivePod) Faults() Faults {
 func (lp *LivePod) SetFaults(f Faults) error {
 	lp.mu.Lock()
 	err := lp.pod.SetFaults(f)
+	lp.change()
 	lp.mu.Unlock()
 	lp.wake()
 	return err
@@ -244,6 +277,9 @@ func (lp *LivePod) drive(ctx context.Context) {
 		lp.mu.Lock()
 		begin := lp.now()
 		d, ok := lp.pod.BeginStep(begin)
+		if ok {
+			lp.change() // waiting requests may have been admitted
+		}
 		lp.mu.Unlock()
 		if !ok {
 			select {
@@ -266,6 +302,7 @@ func (lp *LivePod) drive(ctx context.Context) {
 		lp.mu.Lock()
 		lp.lastEnd = max(lp.lastEnd, end)
 		lp.dispatch(lp.pod.EndStep(end))
+		lp.change()
 		lp.mu.Unlock()
 	}
 }
@@ -300,6 +337,7 @@ func (lp *LivePod) submit(lr *liveRequest, stream bool) error {
 	if err == nil && stream {
 		lp.pod.Watch(&lr.req)
 	}
+	lp.change()
 	lp.mu.Unlock()
 	if err == nil {
 		lp.wake()
@@ -319,6 +357,7 @@ func (lp *LivePod) cancel(lr *liveRequest) {
 	lp.mu.Lock()
 	evs, _ := lp.pod.Cancel(lp.now(), &lr.req)
 	lp.dispatch(evs)
+	lp.change()
 	lp.mu.Unlock()
 }
 

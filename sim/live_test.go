@@ -473,3 +473,34 @@ func TestLiveConcurrent(t *testing.T) {
 		t.Errorf("metrics %+v, want %d requests and %d tokens", m, n, want)
 	}
 }
+
+// TestLiveCancel: a client that gives up on a hung pod withdraws its
+// request, which WaitFor observes without sleeping.
+func TestLiveCancel(t *testing.T) {
+	lp := startLive(t, PodSpec{Pod: PodConfig{Faults: Faults{Hang: true}}}, 1)[0]
+	c := client(lp)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+			Model: testModel, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
+		})
+		done <- err
+	}()
+	if _, err := lp.WaitFor(context.Background(), func(m Metrics) bool { return m.Waiting == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("client error %v, want context.Canceled", err)
+	}
+	m, err := lp.WaitFor(context.Background(), func(m Metrics) bool { return m.Waiting == 0 })
+	if err != nil || m.Failures != 1 || m.RequestsOK != 0 {
+		t.Errorf("after cancel: %+v, %v", m, err)
+	}
+	expired, stop := context.WithCancel(context.Background())
+	stop()
+	if _, err := lp.WaitFor(expired, func(Metrics) bool { return false }); !errors.Is(err, context.Canceled) {
+		t.Errorf("WaitFor on a done context: %v", err)
+	}
+}
