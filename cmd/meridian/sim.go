@@ -28,7 +28,8 @@ func newSimCmd() *cobra.Command {
 		Long: `Start K simulated vLLM pods on consecutive ports. Each serves the OpenAI API
 (/v1/chat/completions, /v1/completions, /v1/models), /health, /metrics with vLLM's
 metric names, and /sim/faults (GET, PUT a JSON Faults object to inject errors,
-slowness, hangs or mid-stream crashes at run time).
+slowness, hangs or mid-stream crashes at run time, e.g.
+curl -X PUT localhost:8000/sim/faults -d '{"hang":true}').
 
 GPU profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `. See docs/simulator.md.`,
 		Example: `  meridian sim --profile h100 --model llama --adapters sql,chat --port 8000 --pods 4
@@ -115,6 +116,7 @@ GPU profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `. See docs/simulator
 	fl.Float64Var(&faults.ErrorRate, "error-rate", 0, "fraction of requests answered 500")
 	fl.Float64Var(&faults.RejectRate, "reject-rate", 0, "fraction of requests answered 429")
 	fl.Float64Var(&faults.SlowFactor, "slow-factor", 0, "multiply every engine step's duration (3 = three times slower)")
+	fl.IntVar(&faults.CrashAfterTokens, "crash-after-tokens", 0, "cut every response after this many tokens (0: never)")
 	return cmd
 }
 
