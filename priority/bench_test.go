@@ -45,6 +45,26 @@ func BenchmarkAdmit(b *testing.B) {
 	})
 }
 
+// BenchmarkAdmitParallel is BenchmarkAdmit/gate from every P at once: the
+// cost of the Gate's one lock under contention.
+func BenchmarkAdmitParallel(b *testing.B) {
+	ctx := context.Background()
+	g := benchGate(b)
+	g.Observe(Saturation{Value: 0.2, PerRequest: 1e-9, Fresh: 8})
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := Request{Tenant: "team-a", Band: Standard, Bytes: 4096}
+		for pb.Next() {
+			tk, err := g.Admit(ctx, req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			tk.Done()
+		}
+	})
+}
+
 // BenchmarkShedSheddable measures the reject path of a Sheddable request at
 // a saturated pool: the whole time to a 429 decision.
 func BenchmarkShedSheddable(b *testing.B) {
