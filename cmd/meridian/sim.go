@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -46,8 +45,11 @@ GPU profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `. See docs/simulator
 			ctx := cmd.Context()
 			var live []*sim.LivePod
 			if fleet != "" {
-				if cmd.Flags().Changed("profile") || cmd.Flags().Changed("pods") || cmd.Flags().Changed("adapters") || cmd.Flags().Changed("model") {
-					return errors.New("sim: --fleet describes the pods; do not combine it with --profile, --model, --adapters or --pods")
+				for _, name := range []string{"profile", "model", "adapters", "pods", "labels",
+					"error-rate", "reject-rate", "slow-factor", "crash-after-tokens"} {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("sim: --fleet describes the pods (faults and labels included); do not combine it with --%s", name)
+					}
 				}
 				f, err := sim.LoadFleet(fleet)
 				if err != nil {
