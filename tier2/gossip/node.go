@@ -269,6 +269,9 @@ func (n *Node) Region() string { return n.cfg.Region }
 // Addr returns the host:port other members reach this node at.
 func (n *Node) Addr() string { return n.ml.LocalNode().Address() }
 
+// Queued returns how many broadcasts are waiting to be sent (or re-sent).
+func (n *Node) Queued() int { return n.queue.NumQueued() }
+
 // Dropped counts messages discarded as malformed or addressed to a channel
 // with nothing registered.
 func (n *Node) Dropped() uint64 { return n.dropped.Load() }

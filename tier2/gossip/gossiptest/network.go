@@ -5,7 +5,8 @@
 // sending side, so all nodes of a test must share one Network.
 //
 // It is for tests of any package that builds on tier2/gossip (regions,
-// ratelimit, tier2).
+// ratelimit, tier2), and for meridian up, which runs several Regions on
+// loopback with a delay between them.
 package gossiptest
 
 import (
@@ -17,7 +18,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -183,12 +183,21 @@ func (n *Network) Transport(name, region string) (*Transport, error) {
 	return t, nil
 }
 
+// TB is the part of testing.TB that Start uses. It is declared here so
+// that programs using Network outside tests (meridian up's loopback
+// Regions) do not link package testing.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
 // Start starts one gossip node per config on this network and closes them
 // when the test ends. Each config needs Name and Region; Transport is set
 // here, an empty Profile means local timings (with a 10 s StreamTimeout,
 // for loaded test machines), and an empty Join means the
 // first node's address (the first node starts the cluster).
-func (n *Network) Start(tb testing.TB, cfgs ...gossip.Config) []*gossip.Node {
+func (n *Network) Start(tb TB, cfgs ...gossip.Config) []*gossip.Node {
 	tb.Helper()
 	nodes := make([]*gossip.Node, 0, len(cfgs))
 	for i, cfg := range cfgs {
