@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,7 +25,27 @@ type benchFixture struct {
 	body *request.Body
 }
 
+var (
+	fixturesMu sync.Mutex
+	fixtures   = map[string]*benchFixture{}
+)
+
+// newBenchFixture returns the fixture for these parameters, built once per
+// test binary: benchmarks run their function several times while sizing
+// b.N, and building a 512-pod index each time would dominate.
 func newBenchFixture(tb testing.TB, mode string, pods, blocks int) *benchFixture {
+	key := fmt.Sprint(mode, pods, blocks)
+	fixturesMu.Lock()
+	defer fixturesMu.Unlock()
+	if f := fixtures[key]; f != nil {
+		return f
+	}
+	f := buildBenchFixture(tb, mode, pods, blocks)
+	fixtures[key] = f
+	return f
+}
+
+func buildBenchFixture(tb testing.TB, mode string, pods, blocks int) *benchFixture {
 	r := rand.New(rand.NewPCG(uint64(pods), uint64(blocks)))
 	ms := make([]Metrics, pods)
 	for i := range ms {
@@ -33,14 +54,19 @@ func newBenchFixture(tb testing.TB, mode string, pods, blocks int) *benchFixture
 			BlockSize: 16, GPUBlocks: 20000}
 	}
 	pool, eps := newPool(ms...)
-	s := newSched(tb, pool, mode, allWeights, config.PickerMaxScore)
+	policy := config.DefaultPolicy()
+	policy.Weights, policy.Scoring = allWeights, mode
+	s, err := NewScheduler(pool, config.Scheduler{Name: "bench", ModelName: "llama"}, policy, Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
 	prompt := strings.Repeat("You are a careful assistant; answer briefly. ", 64*blocks/45+2)[:64*blocks]
 	body := &request.Body{Model: "llama", Kind: request.Completion, Prompt: prompt}
 	req := &Request{Model: "llama"}
 	s.Prepare(req, body)
-	// Other traffic: 20 unrelated prompts per pod.
+	// Other traffic: 8 unrelated prompts per pod.
 	for i, ep := range eps {
-		for j := range 20 {
+		for j := range 8 {
 			other := &Request{Model: "llama", Hashes: seq(1_000_000*(i+1)+10_000*j, blocks), PromptTokens: 16 * blocks}
 			s.Dispatch(ep, other, t0.Add(-time.Minute))
 		}
@@ -78,12 +104,14 @@ func BenchmarkSchedule(b *testing.B) {
 					req := &Request{}
 					dst := make([]*Endpoint, 0, 8)
 					b.ReportAllocs()
+					cpu := startCPU()
 					for b.Loop() {
 						var err error
 						if dst, err = f.decide(req, dst); err != nil {
 							b.Fatal(err)
 						}
 					}
+					cpu.report(b)
 				})
 			}
 		}
@@ -94,7 +122,10 @@ func BenchmarkScheduleParallel(b *testing.B) {
 	for _, pods := range []int{64, 512} {
 		b.Run(fmt.Sprintf("pods=%d/blocks=256", pods), func(b *testing.B) {
 			f := newBenchFixture(b, config.ScoringMeridian, pods, 256)
+			b.ResetTimer()
 			b.ReportAllocs()
+			cpu := startCPU()
+			defer cpu.report(b)
 			b.RunParallel(func(pb *testing.PB) {
 				req := &Request{}
 				dst := make([]*Endpoint, 0, 8)
@@ -112,17 +143,56 @@ func BenchmarkScheduleParallel(b *testing.B) {
 
 // BenchmarkDispatch is the bookkeeping after a decision: in-flight
 // accounting, the latency features and the prefix index update.
+//
+// Each request is a 256-block prompt whose first 16 blocks are one of 8
+// shared system prompts, sent to a random one of 64 pods, so that holder
+// chains and evictions are those of a busy index.
 func BenchmarkDispatch(b *testing.B) {
-	f := newBenchFixture(b, config.ScoringMeridian, 64, 256)
-	req := &Request{Model: "llama"}
-	f.s.Prepare(req, f.body)
+	f := buildBenchFixture(b, config.ScoringMeridian, 64, 256)
 	eps := f.s.pool.Endpoints()
+	r := rand.New(rand.NewPCG(1, 1))
+	reqs := make([]*Request, 512)
+	for i := range reqs {
+		h := make([]uint64, 256)
+		sys := uint64(r.IntN(8)) << 48
+		for j := range h {
+			if j < 16 {
+				h[j] = sys | uint64(j)
+			} else {
+				h[j] = r.Uint64()
+			}
+		}
+		reqs[i] = &Request{Model: "llama", Hashes: h, PromptTokens: 4096}
+	}
 	b.ReportAllocs()
+	cpu := startCPU()
 	i := 0
 	for b.Loop() {
-		tk := f.s.Dispatch(eps[i%len(eps)], req, t0.Add(time.Duration(i)))
+		tk := f.s.Dispatch(eps[r.IntN(len(eps))], reqs[i%len(reqs)], t0.Add(time.Duration(i)*time.Millisecond))
 		tk.Done()
 		i++
+	}
+	cpu.report(b)
+}
+
+// cpuClock measures the process's CPU time (user + system) over a
+// benchmark, reported as cpu-ns/op next to the wall-clock ns/op: on a
+// shared machine the wall clock also counts time spent waiting for a core.
+type cpuClock struct{ start time.Duration }
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func startCPU() cpuClock { return cpuClock{start: processCPU()} }
+
+func (c cpuClock) report(b *testing.B) {
+	if b.N > 0 {
+		b.ReportMetric(float64(processCPU()-c.start)/float64(b.N), "cpu-ns/op")
 	}
 }
 

@@ -68,7 +68,8 @@ type Endpoint struct {
 	lastPicked atomic.Int64
 
 	pendingMu       sync.Mutex
-	pendingAdapters []string // adapters dispatched since the last scrape
+	pendingAdapters []string     // adapters dispatched since the last scrape
+	pendingN        atomic.Int32 // len(pendingAdapters), read without the lock
 
 	latency latencyModel
 }
@@ -89,6 +90,7 @@ func (e *Endpoint) SetMetrics(m *Metrics) {
 	e.completed.Store(0)
 	e.pendingMu.Lock()
 	e.pendingAdapters = e.pendingAdapters[:0]
+	e.pendingN.Store(0)
 	e.pendingMu.Unlock()
 }
 
@@ -133,10 +135,15 @@ func (e *Endpoint) adapterPending(name string) bool {
 	return slices.Contains(e.pendingAdapters, name)
 }
 
-func (e *Endpoint) pendingAdapterCount() int {
+func (e *Endpoint) pendingAdapterCount() int { return int(e.pendingN.Load()) }
+
+func (e *Endpoint) addPendingAdapter(name string) {
 	e.pendingMu.Lock()
 	defer e.pendingMu.Unlock()
-	return len(e.pendingAdapters)
+	if !slices.Contains(e.pendingAdapters, name) {
+		e.pendingAdapters = append(e.pendingAdapters, name)
+		e.pendingN.Store(int32(len(e.pendingAdapters)))
+	}
 }
 
 // Ticket is one dispatched request's bookkeeping, returned by

@@ -5,38 +5,43 @@ import "math/bits"
 // blockTable maps a block hash to the first index node holding it. It is an
 // open-addressing table with linear probing and backward-shift deletion,
 // whose 8-byte slots hold the node (plus one, so that zeroed memory is
-// empty) and the hash's top 32 bits, so most probes are settled without
-// touching the node. Go's map costs about 38 bytes an entry for the same
+// empty) and a 32-bit tag of the hash, so most probes are settled without
+// touching the node, and entries move without reading their nodes. Go's map costs about 38 bytes an entry for the same
 // job (measured by BenchmarkPrefixIndexMemory); this one costs 8 / load,
 // load kept between 3/8 and 3/4.
 type blockTable struct {
 	slots []tableSlot // length a power of two, or zero
-	shift uint        // 64 − log2(len(slots))
+	shift uint        // 32 − log2(len(slots))
 	n     int
-}
-
-// home is h's first probe position. Block hashes are xxHash64 values and
-// already uniform, but callers (tests, token-id schemes) may use
-// structured ones; Fibonacci hashing keeps sequential keys from forming
-// one long probe run.
-func (t *blockTable) home(h uint64) uint64 {
-	return (h * 0x9e3779b97f4a7c15) >> t.shift
 }
 
 type tableSlot struct {
 	node uint32 // node index + 1; 0 means empty
-	tag  uint32 // hash >> 32
+	tag  uint32 // tagOf(hash)
 }
 
-// get returns the node for hash h, or nilNode. hashOf returns a node's
-// hash.
+// tagOf is the 32 bits of h a slot keeps: the top half of h × φ
+// (Fibonacci hashing). Block hashes are xxHash64 values and already
+// uniform, but callers (tests, token-id schemes) may use structured ones;
+// the multiplication spreads sequential keys over the table.
+func tagOf(h uint64) uint32 {
+	return uint32((h * 0x9e3779b97f4a7c15) >> 32)
+}
+
+// homeOfTag is a tag's first probe position: its top log2(len) bits, so
+// that moving an entry (deletion, growth) never reads its node.
+func (t *blockTable) homeOfTag(tag uint32) uint64 {
+	return uint64(tag) >> t.shift
+}
+
+// get returns the node for hash h, or nilNode.
 func (t *blockTable) get(h uint64, x *PrefixIndex) int32 {
 	if len(t.slots) == 0 {
 		return nilNode
 	}
 	mask := uint64(len(t.slots) - 1)
-	tag := uint32(h >> 32)
-	for i := t.home(h); ; i = (i + 1) & mask {
+	tag := tagOf(h)
+	for i := t.homeOfTag(tag); ; i = (i + 1) & mask {
 		s := t.slots[i]
 		if s.node == 0 {
 			return nilNode
@@ -53,8 +58,8 @@ func (t *blockTable) set(h uint64, node int32, x *PrefixIndex) {
 		t.grow(x)
 	}
 	mask := uint64(len(t.slots) - 1)
-	tag := uint32(h >> 32)
-	for i := t.home(h); ; i = (i + 1) & mask {
+	tag := tagOf(h)
+	for i := t.homeOfTag(tag); ; i = (i + 1) & mask {
 		s := &t.slots[i]
 		if s.node == 0 {
 			*s = tableSlot{node: uint32(node) + 1, tag: tag}
@@ -72,8 +77,8 @@ func (t *blockTable) set(h uint64, node int32, x *PrefixIndex) {
 // still carry h.
 func (t *blockTable) del(h uint64, x *PrefixIndex) {
 	mask := uint64(len(t.slots) - 1)
-	tag := uint32(h >> 32)
-	i := t.home(h)
+	tag := tagOf(h)
+	i := t.homeOfTag(tag)
 	for {
 		s := t.slots[i]
 		if s.node == 0 {
@@ -91,7 +96,7 @@ func (t *blockTable) del(h uint64, x *PrefixIndex) {
 		if s.node == 0 {
 			break
 		}
-		home := t.home(x.node(int32(s.node - 1)).hash)
+		home := t.homeOfTag(s.tag)
 		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
 			t.slots[i] = s
 			i = j
@@ -111,13 +116,13 @@ func (t *blockTable) grow(x *PrefixIndex) {
 func (t *blockTable) resize(size int, x *PrefixIndex) {
 	old := t.slots
 	t.slots = make([]tableSlot, size)
-	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
+	t.shift = uint(32 - bits.TrailingZeros(uint(size)))
 	mask := uint64(size - 1)
 	for _, s := range old {
 		if s.node == 0 {
 			continue
 		}
-		i := t.home(x.node(int32(s.node - 1)).hash)
+		i := t.homeOfTag(s.tag)
 		for t.slots[i].node != 0 {
 			i = (i + 1) & mask
 		}

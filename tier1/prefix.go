@@ -102,10 +102,11 @@ func newer(a *prefixNode, stamp int64, hash uint64) bool {
 // add records hashes for an endpoint slot at stamp, with room for capacity
 // entries (capacity ≤ 0 keeps the current one). gie selects GIE's
 // behaviour: later blocks of an event are newer, and an endpoint's
-// capacity is fixed by its first add.
-func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64, gie bool) {
+// capacity is fixed by its first add. It returns how many leading blocks
+// the endpoint already held.
+func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64, gie bool) (held int) {
 	if len(hashes) == 0 {
-		return
+		return 0
 	}
 	ascending := gie
 	x.mu.Lock()
@@ -115,24 +116,30 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 		p.capacity = capacity
 	}
 	if p.capacity <= 0 {
-		return
+		return 0
 	}
 	hint := int32(nilNode)
+	leading := true
 	for i, h := range hashes {
 		s := stamp - int64(i)
 		if ascending {
 			s = stamp + int64(i)
 		}
-		hint = x.put(slot, p, h, s, hint)
+		var existed bool
+		hint, existed = x.put(slot, p, h, s, hint)
+		if leading = leading && existed; leading {
+			held++
+		}
 	}
 	for p.n > p.capacity {
 		x.evict(p)
 	}
+	return held
 }
 
 // put inserts or refreshes one entry and returns the node to use as the
-// next insertion hint.
-func (x *PrefixIndex) put(slot int32, p *podEntries, h uint64, s int64, hint int32) int32 {
+// next insertion hint, and whether the entry existed.
+func (x *PrefixIndex) put(slot int32, p *podEntries, h uint64, s int64, hint int32) (int32, bool) {
 	head := x.byHash.get(h, x)
 	ok := head != nilNode
 	if ok {
@@ -146,11 +153,11 @@ func (x *PrefixIndex) put(slot int32, p *podEntries, h uint64, s int64, hint int
 				n.stamp = s
 				x.insert(p, i, hint)
 			}
-			return i
+			return i, true
 		}
 	}
 	if p.n >= p.capacity && p.tail != nilNode && newer(x.node(p.tail), s, h) {
-		return hint // older than everything kept: it would be evicted at once
+		return hint, false // older than everything kept: it would be evicted at once
 	}
 	i := x.alloc()
 	n := x.node(i)
@@ -161,7 +168,7 @@ func (x *PrefixIndex) put(slot int32, p *podEntries, h uint64, s int64, hint int
 	x.byHash.set(h, i, x)
 	x.insert(p, i, hint)
 	p.n++
-	return i
+	return i, false
 }
 
 // insert links node i into p's list in (stamp, hash) order, searching from

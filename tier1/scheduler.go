@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 
@@ -653,7 +652,8 @@ func (s *Scheduler) Dispatch(ep *Endpoint, req *Request, now time.Time) Ticket {
 	l := ep.load()
 	hit := 0.0
 	if len(req.Hashes) > 0 {
-		hit = float64(s.pool.index.matchOne(ep.slot, req.Hashes, !s.gie)) / float64(len(req.Hashes))
+		held := s.pool.index.add(ep.slot, s.capacity(l.m), now.UnixNano(), req.Hashes, s.gie)
+		hit = float64(held) / float64(len(req.Hashes))
 	}
 	t := Ticket{ep: ep, features: latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.tokens)}
 	ep.dispatched.Add(1)
@@ -661,15 +661,8 @@ func (s *Scheduler) Dispatch(ep *Endpoint, req *Request, now time.Time) Ticket {
 	ep.inFlight.Add(1)
 	ep.lastPicked.Store(now.UnixNano())
 	if req.Adapter != "" {
-		ep.pendingMu.Lock()
-		if !slices.Contains(ep.pendingAdapters, req.Adapter) {
-			ep.pendingAdapters = append(ep.pendingAdapters, req.Adapter)
-		}
-		ep.pendingMu.Unlock()
+		ep.addPendingAdapter(req.Adapter)
 		s.pool.lora.record(req.Adapter, now.UnixNano())
-	}
-	if len(req.Hashes) > 0 {
-		s.pool.index.add(ep.slot, s.capacity(l.m), now.UnixNano(), req.Hashes, s.gie)
 	}
 	return t
 }
