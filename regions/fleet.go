@@ -45,9 +45,7 @@ type Target struct {
 	Tier1   string  // base URL of the cluster's Tier-1
 	Score   float64 // weighted score in [0, 1], before prefix affinity
 
-	c    *cluster
-	cand uint16
-	rank rank
+	c *cluster
 }
 
 // Result is the outcome of sending a request to a Target, as outlier
@@ -413,13 +411,13 @@ func sortRing(r []ringPoint) {
 // spread) by consistent hashing with bounded loads on req.PrefixHash, or as
 // the least loaded relative to ready pods when there is no prefix.
 //
-// dst's capacity is reused: pass a buffer with room for every candidate (a
-// per-request or pooled slice) and Select does not allocate.
+// dst's capacity is reused: with room for MaxTargets targets (a per-request
+// array, say) Select does not allocate.
 func (f *Fleet) Select(dst []Target, req Request) []Target {
 	dst = dst[:0]
 	v := f.view.Load()
 	mv := v.byModel[req.Model]
-	if mv == nil {
+	if mv == nil || v.maxTargets == 0 {
 		return dst
 	}
 	now := f.now().UnixNano()
@@ -442,71 +440,75 @@ func (f *Fleet) Select(dst []Target, req Request) []Target {
 	if top > rankEjected {
 		return dst
 	}
-	// Ejected clusters are a last resort only.
+
+	// The home set: the best-scoring candidates of the top rank, within
+	// the spread of the best (mv.order is by score, best first).
+	var set candSet
+	var load, capacity float64
+	home, members := -1, 0
+	best := 0.0
+	for _, i := range mv.order {
+		if ranks[i] != top {
+			continue
+		}
+		cd := &mv.cands[i]
+		if home < 0 {
+			home, best = int(i), cd.score
+		} else if cd.score < best-v.spread-1e-12 {
+			break
+		}
+		set.add(i)
+		members++
+		load += float64(cd.c.inflight.Load())
+		capacity += cd.capacity
+	}
+	if members > 1 {
+		home = homeOf(mv, v, &set, load, capacity, req.PrefixHash)
+	}
+
+	// The primary, then fallbacks in score order, rank by rank; ejected
+	// clusters only when nothing else is left.
 	last := rankProbation
 	if top == rankEjected {
 		last = rankEjected
 	}
-	// Emit in the view's score order, rank by rank. The home set is the
-	// leading run of the top rank within the spread of the best; past it,
-	// stop once there are enough fallbacks.
-	h := 0
-	var best float64
-	for r := top; r <= last; r++ {
+	dst = append(dst, mv.target(uint16(home)))
+	for r := top; r <= last && len(dst) < v.maxTargets; r++ {
 		for _, i := range mv.order {
-			if ranks[i] != r {
-				continue
+			if len(dst) >= v.maxTargets {
+				break
 			}
-			cd := &mv.cands[i]
-			switch {
-			case r == top && h == 0:
-				best = cd.score
-				h = 1
-			case r == top && h == len(dst) && cd.score >= best-v.spread-1e-12:
-				h++
-			case len(dst) >= v.maxTargets:
-				continue
+			if ranks[i] == r && int(i) != home {
+				dst = append(dst, mv.target(i))
 			}
-			dst = append(dst, Target{
-				Region: cd.c.Region, Cluster: cd.c.Name, Tier1: cd.c.Tier1, Score: cd.score,
-				c: cd.c, cand: i, rank: r,
-			})
 		}
-	}
-	if h > 1 {
-		home := f.home(dst[:h], mv, v, req.PrefixHash)
-		if home > 0 {
-			t := dst[home]
-			copy(dst[1:home+1], dst[:home])
-			dst[0] = t
-		}
-	}
-	if len(dst) > v.maxTargets {
-		dst = dst[:v.maxTargets]
 	}
 	return dst
 }
 
-// home picks the primary among the interchangeable targets set.
-func (f *Fleet) home(set []Target, mv *modelView, v *view, prefix uint64) int {
-	var load, capacity float64
-	for i := range set {
-		load += float64(set[i].c.inflight.Load())
-		capacity += mv.cands[set[i].cand].capacity
-	}
+func (mv *modelView) target(i uint16) Target {
+	cd := &mv.cands[i]
+	return Target{Region: cd.c.Region, Cluster: cd.c.Name, Tier1: cd.c.Tier1, Score: cd.score, c: cd.c}
+}
+
+// candSet is a set of candidate indices.
+type candSet [maxCandidates / 64]uint64
+
+func (s *candSet) add(i uint16)      { s[i/64] |= 1 << (i % 64) }
+func (s *candSet) has(i uint16) bool { return s[i/64]&(1<<(i%64)) != 0 }
+
+// homeOf picks the primary among the interchangeable candidates in set,
+// which hold load requests in flight over capacity ready pods.
+func homeOf(mv *modelView, v *view, set *candSet, load, capacity float64, prefix uint64) int {
 	// Bounded loads: after this assignment no member may hold more than
 	// LoadFactor × its share (by capacity) of the set's requests, or the
 	// floor of LoadFloor per ready pod when that is more.
-	fits := func(i int) bool {
-		c := mv.cands[set[i].cand].capacity
-		limit := max(math.Ceil(v.loadFactor*(load+1)*c/capacity), v.loadFloor*c)
-		return float64(set[i].c.inflight.Load())+1 <= limit
+	fits := func(i uint16) bool {
+		cd := &mv.cands[i]
+		limit := max(math.Ceil(v.loadFactor*(load+1)*cd.capacity/capacity), v.loadFloor*cd.capacity)
+		return float64(cd.c.inflight.Load())+1 <= limit
 	}
 	if v.affinity && prefix != 0 && len(mv.ring) > 0 {
-		var pos [maxCandidates]uint16 // candidate → position in set + 1
-		for i := range set {
-			pos[set[i].cand] = uint16(i + 1)
-		}
 		ring := mv.ring
 		lo, hi := 0, len(ring)
 		for lo < hi {
@@ -517,26 +519,28 @@ func (f *Fleet) home(set []Target, mv *modelView, v *view, prefix uint64) int {
 				hi = mid
 			}
 		}
-		var tried [maxCandidates / 64]uint64
+		var tried candSet
 		for n := 0; n < len(ring); n++ {
-			p := ring[(lo+n)%len(ring)]
-			at := pos[p.cand]
-			if at == 0 || tried[p.cand/64]&(1<<(p.cand%64)) != 0 {
+			p := ring[(lo+n)%len(ring)].cand
+			if !set.has(p) || tried.has(p) {
 				continue
 			}
-			tried[p.cand/64] |= 1 << (p.cand % 64)
-			if fits(int(at - 1)) {
-				return int(at - 1)
+			tried.add(p)
+			if fits(p) {
+				return int(p)
 			}
 		}
 	}
 	// No prefix (or, impossibly, every member full): the least loaded
 	// relative to capacity; ties keep score order.
-	bestI, bestLoad := 0, math.Inf(1)
-	for i := range set {
-		l := (float64(set[i].c.inflight.Load()) + 1) / mv.cands[set[i].cand].capacity
-		if l < bestLoad {
-			bestI, bestLoad = i, l
+	bestI, bestLoad := -1, math.Inf(1)
+	for _, i := range mv.order {
+		if !set.has(i) {
+			continue
+		}
+		cd := &mv.cands[i]
+		if l := (float64(cd.c.inflight.Load()) + 1) / cd.capacity; l < bestLoad {
+			bestI, bestLoad = int(i), l
 		}
 	}
 	return bestI
