@@ -350,3 +350,32 @@ pools:
 		}
 	}
 }
+
+func TestAdapterMetrics(t *testing.T) {
+	prof := mustProfile(t, "h100")
+	prof.MaxLoRAs = 1
+	e := NewEngine(1)
+	p, err := e.AddPod(PodConfig{Name: "p", Profile: prof, Adapters: []string{"a", "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"a", "b", "b", ""} {
+		e.Submit(p, &Request{PromptTokens: 500, OutputTokens: 20, Adapter: a}, func(Outcome) {})
+	}
+	// The first step (a's prefill) began alone at the first Submit; the
+	// next admits the base-model request and skips both b requests, whose
+	// adapter cannot have the only slot while a runs.
+	e.RunUntil(100 * time.Millisecond)
+	m := p.Metrics()
+	if fmt.Sprint(m.RunningAdapters) != "[a]" || fmt.Sprint(m.WaitingAdapters) != "[b]" || m.Running != 2 || m.Waiting != 2 || m.MaxLoRA != 1 {
+		t.Errorf("while a runs: %+v", m)
+	}
+	if m.KVCacheUsage <= 0 {
+		t.Errorf("KV usage %v with two requests running", m.KVCacheUsage)
+	}
+	e.Run()
+	m = p.Metrics()
+	if m.RunningAdapters != nil || m.WaitingAdapters != nil || m.RequestsOK != 4 || m.KVCacheUsage != 0 {
+		t.Errorf("after the run: %+v", m)
+	}
+}
