@@ -76,7 +76,7 @@ func TestExamplePlatformSchedulers(t *testing.T) {
 			scrape(ep, Metrics{Waiting: 1, Running: 10, KVCacheUsage: 0.4})
 		}
 		system := strings.Repeat("You are the support agent for Example Corp. Follow the policy. ", 40)
-		first := &Request{}
+		first := &Request{Model: model}
 		s.Prepare(first, chat(model, system, "my order is late"))
 		s.Dispatch(eps[1], first, t0.Add(-time.Second))
 		scrape(eps[1], Metrics{Waiting: 1, Running: 10, KVCacheUsage: 0.4})
