@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -166,7 +165,13 @@ type cluster struct {
 // startCluster starts n nodes; regions[i%len(regions)] is node i's Region.
 func startCluster(t testing.TB, n int, regions []string, tune func(*gossip.Config)) *cluster {
 	t.Helper()
-	c := &cluster{net: gossiptest.NewNetwork()}
+	return startClusterOn(t, gossiptest.NewNetwork(), n, regions, tune)
+}
+
+// startClusterOn is startCluster on a network whose faults are already set.
+func startClusterOn(t testing.TB, net *gossiptest.Network, n int, regions []string, tune func(*gossip.Config)) *cluster {
+	t.Helper()
+	c := &cluster{net: net}
 	cfgs := make([]gossip.Config, n)
 	for i := range cfgs {
 		s := newSet()
@@ -256,21 +261,46 @@ func TestThirtyNodes(t *testing.T) {
 	}
 }
 
-func BenchmarkBroadcastConvergence30(b *testing.B) {
-	for _, profile := range []string{gossip.ProfileLocal, gossip.ProfileLAN} {
-		b.Run(profile, func(b *testing.B) {
-			c := startCluster(b, 30, []string{"us-east-1", "eu-west-1", "ap-south-1"}, func(cfg *gossip.Config) {
-				cfg.Profile = profile
-			})
-			var took []time.Duration
+// BenchmarkConvergence30 measures, for 30 nodes in three Regions, how long
+// a broadcast and a pool-health digest (published through
+// regions.DigestStore as Tier-2 does) take to reach the last node. One
+// iteration spreads one of each; the metrics are medians and maxima over
+// the iterations.
+func BenchmarkConvergence30(b *testing.B) {
+	regions := []string{"us-east-1", "eu-west-1", "ap-south-1"}
+	for _, bc := range []struct {
+		name    string
+		profile string
+		oneWay  time.Duration // added to every cross-Region packet
+	}{
+		{"local", gossip.ProfileLocal, 0},
+		{"lan", gossip.ProfileLAN, 0},
+		{"lan/cross-region-rtt=80ms", gossip.ProfileLAN, 40 * time.Millisecond},
+		{"wan/cross-region-rtt=80ms", gossip.ProfileWAN, 40 * time.Millisecond},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			net := gossiptest.NewNetwork()
+			for _, r := range regions {
+				if bc.oneWay > 0 {
+					net.Delay(gossiptest.Region(r), gossiptest.Not(gossiptest.Region(r)), bc.oneWay)
+				}
+			}
+			c := startClusterOn(b, net, 30, regions, func(cfg *gossip.Config) { cfg.Profile = bc.profile })
+			var casts, digests []time.Duration
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
-				took = append(took, c.spread(b, i%30, fmt.Sprintf("bench-%d", i)))
+				casts = append(casts, c.spread(b, i%30, fmt.Sprintf("bench-%d", i)))
+				digests = append(digests, c.spreadDigest(b, (i+15)%30, uint64(i+1)))
 			}
 			b.StopTimer()
-			sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
-			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "ms-median-to-all")
-			b.ReportMetric(float64(took[len(took)-1].Microseconds())/1000, "ms-max-to-all")
+			for _, m := range []struct {
+				name string
+				d    []time.Duration
+			}{{"broadcast", casts}, {"digest", digests}} {
+				slices.Sort(m.d)
+				b.ReportMetric(float64(m.d[len(m.d)/2].Microseconds())/1000, "ms-median-"+m.name)
+				b.ReportMetric(float64(m.d[len(m.d)-1].Microseconds())/1000, "ms-max-"+m.name)
+			}
 		})
 	}
 }
