@@ -124,7 +124,9 @@ type Weights struct {
 	// RegionProximity scores near Regions: 1 / (1 + rtt / ProximityScale).
 	RegionProximity float64
 	// ErrorRate scores clean clusters: 1 − errors / ErrorRateCeiling, from
-	// the worse of Tier-1's reported rate and this Tier-2's own.
+	// the worse of Tier-1's reported rate and this Tier-2's own over the
+	// current outlier Interval (counted once MinRequests were seen, and
+	// applied when the next digest arrives).
 	ErrorRate float64
 	// PrefixAffinity is how much score (in the same units as the others) a
 	// cluster may give up to serve a prompt prefix it is home to: clusters

@@ -79,8 +79,8 @@ const (
 const maxCandidates = 256
 
 // Fleet is every cluster as this Tier-2 sees it. It is safe for concurrent
-// use; Select, Begin and End do not allocate and take no lock shared
-// between requests.
+// use. Select, Begin and End do not allocate; Select and Begin take no
+// lock, End takes its cluster's own for a few counters.
 type Fleet struct {
 	now    func() time.Time
 	store  *DigestStore
@@ -239,7 +239,9 @@ func (f *Fleet) proximityScore(region string) float64 {
 }
 
 // score is a digest's weighted score in [0, 1].
-func (f *Fleet) score(d *Digest, prox float64) float64 {
+// The error rate is the worse of Tier-1's and this Tier-2's own (which also
+// sees failures between the Regions that Tier-1 cannot).
+func (f *Fleet) score(d *Digest, c *cluster, prox float64) float64 {
 	w := f.cfg.Weights
 	sum := w.sum()
 	if sum == 0 {
@@ -248,7 +250,8 @@ func (f *Fleet) score(d *Digest, prox float64) float64 {
 	kv := 1 - d.KVMean
 	perPod := float64(d.QueueTotal) / float64(max(1, d.ReadyPods))
 	queue := 1 / (1 + perPod/f.cfg.QueueScale)
-	errs := max(0, 1-d.ErrorRate/f.cfg.ErrorRateCeiling)
+	errRate := max(d.ErrorRate, c.errorRate(f.now(), &f.cfg.Outlier))
+	errs := max(0, 1-errRate/f.cfg.ErrorRateCeiling)
 	return (w.KVHeadroom*kv + w.QueueDepth*queue + w.RegionProximity*prox + w.ErrorRate*errs) / sum
 }
 
@@ -287,7 +290,7 @@ func (f *Fleet) rebuildLocked() {
 			prox = f.proximityScore(d.Region)
 			v.proxScore[d.Region] = prox
 		}
-		cd := candidate{c: c, score: f.score(d, prox), capacity: float64(d.ReadyPods),
+		cd := candidate{c: c, score: f.score(d, c, prox), capacity: float64(d.ReadyPods),
 			expires: d.Produced.Add(f.cfg.DigestMaxAge).UnixNano()}
 		for i := -1; i < len(d.Adapters); i++ {
 			name := d.Model

@@ -650,3 +650,34 @@ func BenchmarkPutDigest(b *testing.B) {
 		}
 	}
 }
+
+func TestOwnErrorRateLowersScore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// "a" sorts first and wins ties; this Tier-2 sees 30% of its
+		// requests to "a" fail (below the ejection rate), which Tier-1's
+		// digest does not show.
+		f := newFleet(t, Config{}, pool("us-east-1", "a", "llama"), pool("us-east-1", "b", "llama"))
+		a := f.Select(nil, Request{Model: "llama"})[0]
+		if a.Cluster != "a" {
+			t.Fatalf("primary %s, want a", a.Cluster)
+		}
+		for i := range 20 {
+			f.Begin(a)
+			r := Success
+			if i%10 < 3 {
+				r = Failure
+			}
+			f.End(a, r)
+		}
+		if f.Status()[0].Ejected {
+			t.Fatal("30% failures ejected the cluster")
+		}
+		d := pool("us-east-1", "a", "llama")
+		d.Version = 2
+		f.Digests().Put(d)
+		got := f.Select(nil, Request{Model: "llama"})
+		if got[0].Cluster != "b" || got[1].Score >= got[0].Score {
+			t.Errorf("after 30%% own failures on a: %v (scores %.3f, %.3f), want b first", names(got), got[0].Score, got[1].Score)
+		}
+	})
+}

@@ -41,6 +41,17 @@ func readmitShare(elapsed int64, o *OutlierConfig) float64 {
 	return min(1, o.ReadmitShare*math.Exp2(steps))
 }
 
+// errorRate is the share of failed attempts this Tier-2 saw in the
+// current outlier Interval, once MinRequests were seen; 0 before that.
+func (c *cluster) errorRate(now time.Time, o *OutlierConfig) float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now.Sub(c.windowStart) >= o.Interval || c.windowReqs < max(1, o.MinRequests) {
+		return 0
+	}
+	return float64(c.windowFails) / float64(c.windowReqs)
+}
+
 // record counts one outcome and ejects the cluster when it crosses a
 // threshold.
 func (c *cluster) record(now time.Time, r Result, o *OutlierConfig) {
