@@ -1,17 +1,21 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"net"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
+	"github.com/meridian-router/meridian/tier1/health"
 	"github.com/meridian-router/meridian/tier1/proxy"
 	"github.com/meridian-router/meridian/tier1/scrape"
 )
@@ -50,6 +54,8 @@ func newTier1Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.replica, "replica", host, "name of this replica among the cluster's Tier-1s")
 	cmd.Flags().StringVar(&f.listen, "listen", ":8080", "address of the OpenAI proxy")
 	cmd.Flags().StringVar(&f.metrics, "metrics", ":9090", "address of the Prometheus /metrics endpoint (empty: off)")
+	cmd.Flags().StringVar(&f.health, "health", "", "address of the pool-health gRPC feed Tier-2 subscribes to (empty: off)")
+	cmd.Flags().StringVar(&f.region, "region", "", "Region named in health digests (default: the gateway's spec.region)")
 	cmd.Flags().DurationVar(&f.scrapeInterval, "scrape-interval", 50*time.Millisecond, "how often each pod's metrics are polled")
 	cmd.Flags().DurationVar(&f.maxMetricsAge, "max-metrics-age", time.Second, "a pod whose last scrape is older is avoided (all stale: fail open)")
 	return cmd
@@ -96,6 +102,24 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 		}
 		inst.servers = append(inst.servers, ms)
 	}
+	var healthLn net.Listener
+	var pub *health.Publisher
+	if f.health != "" {
+		if healthLn, err = net.Listen("tcp", f.health); err != nil {
+			for _, s := range inst.servers {
+				s.ln.Close()
+			}
+			src.close()
+			return nil, fmt.Errorf("tier1 health feed: listen %s: %w", f.health, err)
+		}
+		gwCfg := src.Snapshot().Gateway(f.cluster)
+		region, cluster := f.region, f.cluster
+		if gwCfg != nil {
+			region = cmp.Or(region, gwCfg.Spec.Region)
+			cluster = cmp.Or(cluster, gwCfg.Spec.Cluster, gwCfg.Metadata.Name)
+		}
+		pub = health.NewPublisher(gw, health.Config{Region: region, Cluster: cluster, Replica: f.replica, Logger: log})
+	}
 	inst.run = func(ctx context.Context) error {
 		defer src.close()
 		updates := src.Subscribe()
@@ -104,6 +128,13 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 		g, gctx := errgroup.WithContext(ctx)
 		for _, s := range inst.servers {
 			g.Go(func() error { return s.serve(gctx, log) })
+		}
+		if pub != nil {
+			gs := grpc.NewServer()
+			pub.Register(gs)
+			g.Go(func() error { pub.Run(gctx); return nil })
+			g.Go(func() error { return gs.Serve(healthLn) })
+			g.Go(func() error { <-gctx.Done(); gs.Stop(); return nil })
 		}
 		log.Info("tier1 serving", "cluster", f.cluster, "proxy", px.Addr(), "revision", src.Snapshot().Revision)
 		return g.Wait()
