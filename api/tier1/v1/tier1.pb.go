@@ -172,8 +172,18 @@ type PoolDigest struct {
 	ProducedUnixNano int64  `protobuf:"varint,19,opt,name=produced_unix_nano,json=producedUnixNano,proto3" json:"produced_unix_nano,omitempty"`
 	// Prefix-cache hit ratio estimated from the index over the recent window.
 	PrefixHitRatio float64 `protobuf:"fixed64,20,opt,name=prefix_hit_ratio,json=prefixHitRatio,proto3" json:"prefix_hit_ratio,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Saturation is priority.Saturation's Value: the mean over fresh ready
+	// pods of max(queue/5, kv/0.8) (by default); 1 or more is saturated.
+	// Unlike headroom it is not clamped, so it says by how much a pool is
+	// oversubscribed.
+	Saturation float64 `protobuf:"fixed64,21,opt,name=saturation,proto3" json:"saturation,omitempty"`
+	// Pods whose metrics were believed (fresh) and not (stale) in
+	// saturation; fresh_pods × 5 requests (the queue threshold) is the
+	// capacity saturation is relative to.
+	FreshPods     uint32 `protobuf:"varint,22,opt,name=fresh_pods,json=freshPods,proto3" json:"fresh_pods,omitempty"`
+	StalePods     uint32 `protobuf:"varint,23,opt,name=stale_pods,json=stalePods,proto3" json:"stale_pods,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolDigest) Reset() {
@@ -342,6 +352,27 @@ func (x *PoolDigest) GetProducedUnixNano() int64 {
 func (x *PoolDigest) GetPrefixHitRatio() float64 {
 	if x != nil {
 		return x.PrefixHitRatio
+	}
+	return 0
+}
+
+func (x *PoolDigest) GetSaturation() float64 {
+	if x != nil {
+		return x.Saturation
+	}
+	return 0
+}
+
+func (x *PoolDigest) GetFreshPods() uint32 {
+	if x != nil {
+		return x.FreshPods
+	}
+	return 0
+}
+
+func (x *PoolDigest) GetStalePods() uint32 {
+	if x != nil {
+		return x.StalePods
 	}
 	return 0
 }
@@ -552,7 +583,7 @@ const file_tier1_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x123\n" +
 	"\x05pools\x18\x03 \x03(\v2\x1d.meridian.tier1.v1.PoolDigestR\x05pools\x12\x18\n" +
-	"\areplica\x18\x04 \x01(\tR\areplica\"\xf6\x04\n" +
+	"\areplica\x18\x04 \x01(\tR\areplica\"\xd4\x05\n" +
 	"\n" +
 	"PoolDigest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x14\n" +
@@ -579,7 +610,14 @@ const file_tier1_proto_rawDesc = "" +
 	"\bheadroom\x18\x11 \x01(\x01R\bheadroom\x12\x18\n" +
 	"\aversion\x18\x12 \x01(\x04R\aversion\x12,\n" +
 	"\x12produced_unix_nano\x18\x13 \x01(\x03R\x10producedUnixNano\x12(\n" +
-	"\x10prefix_hit_ratio\x18\x14 \x01(\x01R\x0eprefixHitRatio\"\x98\x01\n" +
+	"\x10prefix_hit_ratio\x18\x14 \x01(\x01R\x0eprefixHitRatio\x12\x1e\n" +
+	"\n" +
+	"saturation\x18\x15 \x01(\x01R\n" +
+	"saturation\x12\x1d\n" +
+	"\n" +
+	"fresh_pods\x18\x16 \x01(\rR\tfreshPods\x12\x1d\n" +
+	"\n" +
+	"stale_pods\x18\x17 \x01(\rR\tstalePods\"\x98\x01\n" +
 	"\n" +
 	"PeerEvents\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x126\n" +

@@ -1,0 +1,410 @@
+package peers_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/tier1"
+	"github.com/meridian-router/meridian/tier1/gateway"
+	"github.com/meridian-router/meridian/tier1/peers"
+	"github.com/meridian-router/meridian/tier1/proxy"
+	"github.com/meridian-router/meridian/tier1/scrape"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.DiscardHandler)
+
+const gatewayYAML = `apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: c1}
+spec:
+  cluster: c1
+  schedulers:
+  - name: chat
+    modelName: chat-model
+    modelSelector: {matchLabels: {pool: chat}}
+    scoring: %s
+`
+
+func startPods(tb testing.TB, k int) []*sim.LivePod {
+	tb.Helper()
+	p, err := sim.LookupProfile("h100")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pods, err := sim.StartPods(context.Background(), sim.PodSpec{
+		Pod:              sim.PodConfig{Name: "chat", Profile: p, Model: "chat-model"},
+		TimeScale:        100,
+		DefaultMaxTokens: 4,
+	}, k)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		for _, lp := range pods {
+			lp.Close()
+		}
+	})
+	return pods
+}
+
+func snapshot(tb testing.TB, scoring string, pods []*sim.LivePod) *config.Snapshot {
+	tb.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, gatewayYAML, scoring)
+	b.WriteString("---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints\nmetadata: {name: pods}\nspec:\n  endpoints:\n")
+	for _, lp := range pods {
+		fmt.Fprintf(&b, "  - {name: %s, address: %q, labels: {pool: chat}}\n", lp.Name(), lp.Addr())
+	}
+	docs, errs := config.Decode("test.yaml", []byte(b.String()))
+	if len(errs) > 0 {
+		tb.Fatal(errs)
+	}
+	s, err := config.Build(docs, 1)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// replica is one Tier-1 replica: a gateway, its standalone proxy, and
+// (when sharing) its peer exchange on a loopback gRPC server.
+type replica struct {
+	gw   *gateway.Gateway
+	x    *peers.Exchange
+	url  string
+	addr string // the Replicas service
+}
+
+// startReplicas starts n replicas over the same pods. With share, each
+// exchanges prefix events with all the others (the peer list includes
+// the replica itself, as a headless Service's would).
+func startReplicas(tb testing.TB, n int, scoring string, share bool, pods []*sim.LivePod) []*replica {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var lis []net.Listener
+	var addrs []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		lis = append(lis, l)
+		addrs = append(addrs, l.Addr().String())
+	}
+	var rs []*replica
+	var stops []func()
+	for i := range n {
+		r := &replica{addr: addrs[i]}
+		gcfg := gateway.Config{
+			Cluster: "c1", Replica: fmt.Sprintf("r%d", i), Logger: quiet,
+			Scrape:  scrape.Config{Interval: 50 * time.Millisecond},
+			Options: tier1.Options{MaxMetricsAge: time.Second},
+		}
+		if share {
+			x, err := peers.New(peers.Config{Replica: gcfg.Replica, Peers: addrs, Logger: quiet, MinBackoff: 5 * time.Millisecond})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			r.x = x
+			gcfg.OnDispatch = x.Publish
+		}
+		gw, err := gateway.New(gcfg, snapshot(tb, scoring, pods))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		gw.Start(ctx, nil)
+		r.gw = gw
+		g := grpc.NewServer()
+		done := make(<-chan struct{})
+		if share {
+			r.x.Register(g)
+			done = r.x.Start(ctx, gw)
+		} else {
+			closed := make(chan struct{})
+			close(closed)
+			done = closed
+		}
+		go g.Serve(lis[i])
+		srv := httptest.NewServer((&proxy.Proxy{Gateway: gw, Logger: quiet, Transport: &http.Transport{}}).Handler())
+		r.url = srv.URL
+		stops = append(stops, func() { srv.Close(); <-done; g.Stop() })
+		rs = append(rs, r)
+	}
+	tb.Cleanup(func() {
+		cancel()
+		for _, s := range stops {
+			s()
+		}
+	})
+	eventually(tb, "every endpoint scraped by every replica", func() bool {
+		for _, r := range rs {
+			for _, v := range r.gw.Pools() {
+				for _, ep := range v.Pool.Endpoints() {
+					if ep.Metrics() == nil {
+						return false
+					}
+				}
+			}
+		}
+		return true
+	})
+	if share {
+		eventually(tb, "every replica connected to its peers", func() bool {
+			for _, r := range rs {
+				if r.x.Stats().Connected != n {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	return rs
+}
+
+// eventually polls cond until it holds or 20 s pass: live pods, scrapers
+// and gRPC streams run on the wall clock over real sockets.
+func eventually(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for: %s", what)
+		}
+		<-tick.C
+	}
+}
+
+func chat(text string) string {
+	b, _ := json.Marshal(map[string]any{"model": "chat-model", "max_tokens": 2,
+		"messages": []map[string]string{{"role": "user", "content": text}}})
+	return string(b)
+}
+
+// workload is groups of requests sharing a long system prompt, the groups
+// interleaved. The number of groups is odd so that, alternating between
+// two replicas, every group visits both.
+func workload(groups, perGroup int) []string {
+	var out []string
+	for q := range perGroup {
+		for g := range groups {
+			system := strings.Repeat(fmt.Sprintf("You are assistant %d of the claims desk; answer precisely. ", g), 40)
+			out = append(out, chat(system+fmt.Sprintf("Question %d about claim %d?", q, 1000*g+q)))
+		}
+	}
+	return out
+}
+
+// hitRatio sends the workload, request i to replica i mod len(rs), and
+// returns the prefix-cache hit ratio the pods themselves counted.
+func hitRatio(tb testing.TB, rs []*replica, pods []*sim.LivePod, reqs []string) float64 {
+	tb.Helper()
+	var h0, q0 uint64
+	for _, lp := range pods {
+		m := lp.Metrics()
+		h0, q0 = h0+m.PrefixCacheHits, q0+m.PrefixCacheQueries
+	}
+	sentVia := make([]int64, len(rs))
+	for i, body := range reqs {
+		k := i % len(rs)
+		resp, err := http.Post(rs[k].url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			tb.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+		sentVia[k]++
+		if rs[0].x != nil {
+			// The next request goes to another replica: let this one's
+			// event arrive first, so the measure does not depend on
+			// scheduling luck (on loopback it arrives in well under the
+			// time a request takes; docs/tier1.md discusses the race).
+			eventually(tb, "the dispatch applied by every peer", func() bool {
+				for j, r := range rs {
+					want := int64(0)
+					for o, n := range sentVia {
+						if o != j {
+							want += n
+						}
+					}
+					if r.x.Stats().Applied < want {
+						return false
+					}
+				}
+				return true
+			})
+		}
+	}
+	var h1, q1 uint64
+	for _, lp := range pods {
+		m := lp.Metrics()
+		h1, q1 = h1+m.PrefixCacheHits, q1+m.PrefixCacheQueries
+	}
+	return float64(h1-h0) / float64(q1-q0)
+}
+
+// TestReplicasShareIndex: two replicas taking alternate requests of a
+// shared-prefix workload reach the prefix hit ratio of one replica when
+// they exchange prefix events, and fall short of it when they do not.
+func TestReplicasShareIndex(t *testing.T) {
+	reqs := workload(7, 6)
+	arms := []struct {
+		name     string
+		replicas int
+		scoring  string
+		share    bool
+	}{
+		{"one replica", 1, "meridian", false},
+		{"two replicas sharing", 2, "meridian", true},
+		{"two replicas isolated", 2, "meridian", false},
+		{"two replicas gie", 2, "gie", false},
+	}
+	ratio := map[string]float64{}
+	for _, arm := range arms {
+		// A subtest per arm, so each arm's pods and replicas stop before
+		// the next starts.
+		t.Run(arm.name, func(t *testing.T) {
+			pods := startPods(t, 4)
+			rs := startReplicas(t, arm.replicas, arm.scoring, arm.share, pods)
+			ratio[arm.name] = hitRatio(t, rs, pods, reqs)
+			if arm.share {
+				for i, r := range rs {
+					// Replica i took every len(rs)-th request; it must
+					// have applied all the others' and none of its own
+					// (which reached it through its own peer list).
+					others := int64(len(reqs) - (len(reqs)-i+len(rs)-1)/len(rs))
+					st := r.x.Stats()
+					if st.Dropped != 0 || st.Unknown != 0 || st.Received != others || st.Applied != others {
+						t.Errorf("replica %d: %+v; want %d received and applied, no drops, no unknown endpoints", i, st, others)
+					}
+				}
+			}
+			t.Logf("pod-reported prefix hit ratio %.3f", ratio[arm.name])
+		})
+	}
+	one, shared, isolated := ratio["one replica"], ratio["two replicas sharing"], ratio["two replicas isolated"]
+	if shared < 0.95*one {
+		t.Errorf("two sharing replicas hit %.3f, one replica %.3f: more than 5%% apart", shared, one)
+	}
+	if isolated >= shared {
+		t.Errorf("isolated replicas hit %.3f, sharing ones %.3f: the workload does not tell them apart", isolated, shared)
+	}
+}
+
+// idleGateway is a gateway over endpoints that are never scraped: enough
+// to apply prefix events to.
+func idleGateway(t *testing.T) *gateway.Gateway {
+	t.Helper()
+	y := fmt.Sprintf(gatewayYAML, "meridian") + `---
+apiVersion: meridian.dev/v1alpha1
+kind: StaticEndpoints
+metadata: {name: pods}
+spec:
+  endpoints:
+  - {name: pod-a, address: "10.0.0.1:8000", labels: {pool: chat}}
+`
+	docs, errs := config.Decode("test.yaml", []byte(y))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	s, err := config.Build(docs, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gateway.New(gateway.Config{Cluster: "c1", Logger: quiet}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gw
+}
+
+// TestDropsAndReconnect: while a peer is down, events beyond the queue are
+// dropped and counted, never blocking Publish; once the peer comes up the
+// queued events reach it.
+func TestDropsAndReconnect(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // the peer is down for now
+
+	a, err := peers.New(peers.Config{Replica: "a", Peers: []string{addr}, QueueSize: 4, Logger: quiet,
+		MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := a.Start(ctx, idleGateway(t))
+	defer func() { cancel(); <-ran }()
+
+	ev := func(i int) tier1.PrefixEvent {
+		return tier1.PrefixEvent{Endpoint: "pod-a", Stamp: int64(i + 1), Hashes: []uint64{uint64(i), uint64(i) + 100}}
+	}
+	for i := range 10 {
+		a.Publish("chat", ev(i))
+	}
+	if st := a.Stats(); st.Dropped != 6 || st.Sent != 0 {
+		t.Fatalf("peer down, queue of 4, 10 events: %+v; want 6 dropped, 0 sent", st)
+	}
+
+	// The peer comes up on the same address.
+	l, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("the peer's port was taken meanwhile: %v", err)
+	}
+	b, err := peers.New(peers.Config{Replica: "b", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	b.Register(g)
+	bran := b.Start(ctx, idleGateway(t))
+	defer func() { cancel(); <-bran }()
+	go g.Serve(l)
+	defer g.Stop()
+
+	eventually(t, "the queued events applied by the peer", func() bool { return b.Stats().Applied == 4 })
+	a.Publish("chat", ev(10))
+	a.Publish("chat", tier1.PrefixEvent{Endpoint: "pod-gone", Stamp: 99, Hashes: []uint64{1}})
+	a.Publish("no-such-pool", ev(11))
+	eventually(t, "later events delivered", func() bool { return b.Stats().Received == 7 })
+	if st := b.Stats(); st.Applied != 5 || st.Unknown != 2 {
+		t.Fatalf("peer: %+v; want 5 applied, 2 unknown", st)
+	}
+	if st := a.Stats(); st.Sent != 7 || st.Dropped != 6 || st.Connected != 1 {
+		t.Fatalf("sender: %+v; want 7 sent, 6 dropped, connected", st)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for name, cfg := range map[string]peers.Config{
+		"no replica":     {Peers: []string{"127.0.0.1:1"}},
+		"negative queue": {Replica: "a", QueueSize: -1},
+	} {
+		if _, err := peers.New(cfg); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
