@@ -335,9 +335,16 @@ func TestPartitionAndHeal(t *testing.T) {
 		// limit), so after expiry the total is R + 0.4R.
 		wantMax float64
 		wantMin float64
+		// grow multiplies the cut-off Region's demand during the partition.
+		grow float64
 	}{
-		{"shorter than PeerTimeout: shares held", 30 * time.Second, 1.05, 0.95},
-		{"longer than PeerTimeout: each side takes the limit", 2 * time.Second, 2.0, 1.35},
+		{"shorter than PeerTimeout: shares held", 30 * time.Second, 1.05, 0.95, 1},
+		{"demand grows on the cut-off side: shares still held", 30 * time.Second, 1.05, 0.95, 3},
+		// Region 0 falls to 0.08R but holds 0.8 of the limit; the other
+		// side, demanding 0.4R, keeps its 0.2: 0.28R in all. Holding
+		// trades this idle capacity for the bound.
+		{"demand collapses on the cut-off side: its share is held unused", 30 * time.Second, 0.31, 0.25, 0.05},
+		{"longer than PeerTimeout: each side takes the limit", 3 * time.Second, 2.0, 1.35, 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -347,6 +354,7 @@ func TestPartitionAndHeal(t *testing.T) {
 
 			// Region 0 is cut off from Regions 1 and 2 for 10s.
 			c.cut = func(a, b int) bool { return (a == 0) != (b == 0) }
+			c.setDemand(2*R, .8*tc.grow, .15, .05)
 			start := c.clk.now.Sub(epoch)
 			c.run(10 * time.Second)
 			// Skip the first PeerTimeout plus a second: the steady state
@@ -361,6 +369,7 @@ func TestPartitionAndHeal(t *testing.T) {
 
 			// Heal: the shares come back to the demand split.
 			c.cut = func(a, b int) bool { return false }
+			c.setDemand(2*R, .8, .15, .05)
 			heal := c.clk.now.Sub(epoch)
 			took := c.reconvergence([]float64{.8, .15, .05}, 0.05, 2*time.Second, 3*time.Second)
 			if took < 0 || took > 2*time.Second {

@@ -39,6 +39,25 @@ type Config struct {
 	// longer, shorter lets partitions over-admit sooner. Zero means 30s.
 	PeerTimeout time.Duration
 
+	// StaleAfter is how long a peer may stay silent before its share is
+	// held fixed at what it was, rather than following its last reported
+	// demand. Held shares are what keep a partition from over-admitting
+	// when demand grows on one side; holding too early only delays a
+	// peer's share following its demand until its next report arrives.
+	// It should exceed a few SyncIntervals plus the gossip delay. Zero
+	// means 1s.
+	StaleAfter time.Duration
+
+	// SaturatedBurst caps the burst while a limit's total demand exceeds
+	// it: each instance's bucket then holds at most its share of
+	// SaturatedBurst × rate instead of its share of the configured burst.
+	// A single global bucket under such demand would be empty; without the
+	// cap, an instance whose demand just fell saves up the share it has not
+	// yet given back and spends it later on top of the limit. Shorter
+	// tightens that transient; too short wastes capacity to arrival jitter
+	// when demand is barely above the limit. Zero means 250ms.
+	SaturatedBurst time.Duration
+
 	// MinShare is the weight floor, as a fraction of the limit's rate,
 	// that every live instance is counted with when shares are divided:
 	// an instance with no demand still holds about MinShare of the limit,
@@ -73,6 +92,8 @@ func DefaultConfig(instance string) Config {
 		SyncInterval:       100 * time.Millisecond,
 		DemandTimeConstant: 300 * time.Millisecond,
 		PeerTimeout:        30 * time.Second,
+		StaleAfter:         time.Second,
+		SaturatedBurst:     250 * time.Millisecond,
 		MinShare:           0.002,
 		InitialShare:       0.05,
 		Warmup:             2 * time.Second,
@@ -95,6 +116,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = d.PeerTimeout
 	}
+	if c.StaleAfter == 0 {
+		c.StaleAfter = d.StaleAfter
+	}
+	if c.SaturatedBurst == 0 {
+		c.SaturatedBurst = d.SaturatedBurst
+	}
 	if c.MinShare == 0 {
 		c.MinShare = d.MinShare
 	}
@@ -114,6 +141,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("ratelimit: config: demandTimeConstant: %v is negative", c.DemandTimeConstant)
 	case c.PeerTimeout < 0:
 		return c, fmt.Errorf("ratelimit: config: peerTimeout: %v is negative", c.PeerTimeout)
+	case c.StaleAfter < 0:
+		return c, fmt.Errorf("ratelimit: config: staleAfter: %v is negative", c.StaleAfter)
+	case c.SaturatedBurst < 0:
+		return c, fmt.Errorf("ratelimit: config: saturatedBurst: %v is negative", c.SaturatedBurst)
 	case c.Warmup < 0:
 		return c, fmt.Errorf("ratelimit: config: warmup: %v is negative", c.Warmup)
 	case c.MinShare < 0 || c.MinShare >= 1:

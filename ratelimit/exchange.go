@@ -29,6 +29,10 @@ type peer struct {
 	heard   time.Time // when the origin produced the entry, on our clock
 	leaving bool
 	demand  map[uint64]float64 // limit hash → units per second
+	// share is the peer's share of each limit as of the first sync after
+	// its latest report: what it holds while silent.
+	share    map[uint64]float64
+	reported bool // a report arrived since the last sync
 }
 
 // entry is one origin's report on the wire.
@@ -192,7 +196,7 @@ func (l *Limiter) Merge(from string, payload []byte) {
 			p = &peer{}
 			l.peers[e.origin] = p
 		}
-		p.seq, p.heard, p.leaving, p.demand = e.seq, heard, e.leaving, e.demand
+		p.seq, p.heard, p.leaving, p.demand, p.reported = e.seq, heard, e.leaving, e.demand, true
 		if !e.leaving {
 			l.heard = true
 		}
@@ -271,22 +275,60 @@ func (l *Limiter) SyncAt(now time.Time) []byte {
 	l.seq = max(l.seq+1, uint64(ns))
 	own.seq, own.leaving = l.seq, l.leaving
 	l.own = appendEntry(l.own[:0], own)
-	var live []*peer
+	// Fresh peers' shares follow their demand. A peer silent for longer
+	// than StaleAfter (cut off, or its reports lost) keeps the share it
+	// had, so a partition leaves every side with what it held and demand
+	// growing on one side cannot squeeze the other; after PeerTimeout it
+	// holds nothing.
+	var fresh, held []*peer
 	for origin, p := range l.peers {
 		switch age := now.Sub(p.heard); {
 		case age > 2*l.cfg.PeerTimeout:
 			delete(l.peers, origin)
-		case age <= l.cfg.PeerTimeout && !p.leaving:
-			live = append(live, p)
+		case p.leaving || age > l.cfg.PeerTimeout:
+		case age > l.cfg.StaleAfter:
+			held = append(held, p)
+		default:
+			fresh = append(fresh, p)
 		}
 	}
-	warming := len(live) == 0 && !l.heard && now.Sub(l.started) < l.cfg.Warmup
-	others := make([]float64, len(lims))
+	warming := len(fresh)+len(held) == 0 && !l.heard && now.Sub(l.started) < l.cfg.Warmup
+	others := make([]float64, len(lims))    // fresh peers' weights
+	heldShare := make([]float64, len(lims)) // held peers' shares
+	saturated := make([]bool, len(lims))    // total demand above the limit
 	for i, lim := range lims {
 		floor := l.cfg.MinShare * lim.perSec
-		for _, p := range live {
+		self := math.Max(lim.demand, floor)
+		demand := lim.demand
+		for _, p := range fresh {
 			others[i] += math.Max(p.demand[lim.hash], floor)
+			demand += p.demand[lim.hash]
 		}
+		for _, p := range held {
+			demand += p.demand[lim.hash]
+		}
+		saturated[i] = demand > lim.perSec
+		for _, p := range held {
+			r, ok := p.share[lim.hash]
+			if !ok { // a limit p never reported on: the floor's share
+				r = floor / (self + others[i] + floor)
+			}
+			heldShare[i] += r
+		}
+		heldShare[i] = math.Min(heldShare[i], 1-l.cfg.MinShare)
+		// Remember what each peer that just reported holds now: the
+		// share it keeps if it falls silent.
+		for _, p := range fresh {
+			if p.reported {
+				if p.share == nil {
+					p.share = map[uint64]float64{}
+				}
+				p.share[lim.hash] = (1 - heldShare[i]) * math.Max(p.demand[lim.hash], floor) / (self + others[i])
+			}
+		}
+	}
+	for _, p := range fresh {
+		p.reported = false
 	}
 	payload := append([]byte{wireVersion, 1}, l.own...)
 	l.viewMu.Unlock()
@@ -299,11 +341,15 @@ func (l *Limiter) SyncAt(now time.Time) []byte {
 			share := l.cfg.InitialShare
 			if !warming {
 				self := math.Max(lim.demand, l.cfg.MinShare*lim.perSec)
-				share = self / (self + others[i])
+				share = (1 - heldShare[i]) * self / (self + others[i])
 			}
 			lim.share = share
+			burst := lim.burst
+			if saturated[i] {
+				burst = math.Min(burst, lim.perSec*l.cfg.SaturatedBurst.Seconds())
+			}
 			lim.b.advance(ns)
-			lim.b.resize(lim.perSec*share, lim.burst*share)
+			lim.b.resize(lim.perSec*share, burst*share)
 			lim.shareG.Set(share)
 			i++
 		}
@@ -349,8 +395,11 @@ type Peer struct {
 	// Heard is when the peer produced its last report, on this clock.
 	Heard   time.Time
 	Leaving bool
+	// Held is true while the peer is silent for longer than StaleAfter:
+	// it keeps the share it had instead of one that follows its demand.
+	Held bool
 	// Live is false once Heard is older than PeerTimeout or the peer left:
-	// its demand no longer holds a share.
+	// it no longer holds a share.
 	Live bool
 }
 
@@ -363,6 +412,7 @@ func (l *Limiter) Peers() []Peer {
 	for name, p := range l.peers {
 		out = append(out, Peer{
 			Instance: name, Seq: p.seq, Heard: p.heard, Leaving: p.leaving,
+			Held: !p.leaving && now.Sub(p.heard) > l.cfg.StaleAfter && now.Sub(p.heard) <= l.cfg.PeerTimeout,
 			Live: !p.leaving && now.Sub(p.heard) <= l.cfg.PeerTimeout,
 		})
 	}
