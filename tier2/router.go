@@ -160,6 +160,7 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", r.serveInference)
 	mux.HandleFunc("POST /v1/embeddings", r.serveInference)
 	mux.HandleFunc("GET /v1/models", r.serveModels)
+	mux.HandleFunc("GET /v1/models/{model}", r.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", r.serveReady)
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
@@ -176,9 +177,38 @@ func (r *Router) serveReady(w http.ResponseWriter, _ *http.Request) {
 	w.Write([]byte("ready\n"))
 }
 
+// serveModel answers one model of the list, or 404.
+func (r *Router) serveModel(w http.ResponseWriter, req *http.Request) {
+	id := req.PathValue("model")
+	if !slices.Contains(r.modelIDs(), id) {
+		request.NotFound("model_not_found", fmt.Sprintf("the model %q does not exist or is not served", id)).Write(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"id": id, "object": "model", "created": 0, "owned_by": "meridian"})
+}
+
 // serveModels lists every model some cluster serves with a fresh digest,
 // plus the public names of rewrites.
 func (r *Router) serveModels(w http.ResponseWriter, _ *http.Request) {
+	ids := r.modelIDs()
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	data := make([]model, len(ids))
+	for i, id := range ids {
+		data[i] = model{ID: id, Object: "model", OwnedBy: "meridian"}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// modelIDs lists, sorted, every model some cluster serves with a fresh
+// digest and every public name of a rewrite.
+func (r *Router) modelIDs() []string {
 	seen := map[string]bool{}
 	for _, d := range r.cfg.Fleet.Digests().Digests() {
 		if d.ReadyPods > 0 {
@@ -202,18 +232,7 @@ func (r *Router) serveModels(w http.ResponseWriter, _ *http.Request) {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	data := make([]model, len(ids))
-	for i, id := range ids {
-		data[i] = model{ID: id, Object: "model", OwnedBy: "meridian"}
-	}
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+	return ids
 }
 
 // call is one request as it walks the stages.

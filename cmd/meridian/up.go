@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -78,6 +79,27 @@ type Platform struct {
 	Pods      []*sim.LivePod
 	Metrics   []MetricsTarget
 	run       func(ctx context.Context) error
+
+	mu    sync.Mutex
+	stops map[string]context.CancelFunc // component → stop, once running
+
+	snap *config.Snapshot
+	key  *ecdsa.PrivateKey
+}
+
+// sign returns a development token for tenant.
+func (p *Platform) sign(tenant string) (string, error) { return devToken(p.snap, p.key, tenant) }
+
+// Stop stops one component ("tier1/<cluster>" or "tier2/<region>") of a
+// running platform, as if its process died.
+func (p *Platform) Stop(component string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	stop, ok := p.stops[component]
+	if ok {
+		stop()
+	}
+	return ok
 }
 
 // MetricsTarget is one metrics endpoint and its labels.
@@ -107,8 +129,12 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 	if snap.Topology == nil || len(snap.Topology.Spec.Regions) == 0 {
 		return nil, fmt.Errorf("up: the configuration has no Topology")
 	}
-	p := &Platform{Endpoints: map[string]string{}}
-	var runs []func(ctx context.Context) error
+	p := &Platform{Endpoints: map[string]string{}, stops: map[string]context.CancelFunc{}}
+	type component struct {
+		name string
+		run  func(ctx context.Context) error
+	}
+	var runs []component
 	cleanup := func() {
 		for _, lp := range p.Pods {
 			lp.Close()
@@ -149,7 +175,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 				cleanup()
 				return nil, fmt.Errorf("up: cluster %s: %w", c.Name, err)
 			}
-			runs = append(runs, t1.run)
+			runs = append(runs, component{"tier1/" + c.Name, t1.run})
 			p.Metrics = append(p.Metrics, MetricsTarget{Addr: t1.servers[1].Addr(), Labels: map[string]string{
 				"job": "meridian-tier1", "cluster": c.Name, "region": r.Name}})
 		}
@@ -161,6 +187,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 		return nil, err
 	}
 	keys := tier2.StaticKeySet(jose.JSONWebKey{Key: key.Public(), KeyID: "meridian-up", Algorithm: "ES256", Use: "sig"})
+	p.snap, p.key = snap, key
 	if p.Token, err = devToken(snap, key, f.tenant); err != nil {
 		cleanup()
 		return nil, err
@@ -201,7 +228,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 			return nil, fmt.Errorf("up: Tier-2 of %s: %w", r.Name, err)
 		}
 		joins = append(joins, t2.inst.Node.Addr())
-		runs = append(runs, t2.run)
+		runs = append(runs, component{"tier2/" + r.Name, t2.run})
 		p.Endpoints[r.Name] = "http://" + t2.servers[0].Addr()
 		p.Regions = append(p.Regions, r.Name)
 		p.Metrics = append(p.Metrics, MetricsTarget{Addr: t2.servers[1].Addr(), Labels: map[string]string{"job": "meridian-tier2", "region": r.Name}})
@@ -209,8 +236,12 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 	p.run = func(ctx context.Context) error {
 		defer cleanup()
 		g, gctx := errgroup.WithContext(ctx)
-		for _, run := range runs {
-			g.Go(func() error { return run(gctx) })
+		for _, c := range runs {
+			cctx, cancel := context.WithCancel(gctx)
+			p.mu.Lock()
+			p.stops[c.name] = cancel
+			p.mu.Unlock()
+			g.Go(func() error { defer cancel(); return c.run(cctx) })
 		}
 		return g.Wait()
 	}

@@ -1,0 +1,345 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/meridian-router/meridian/sim"
+)
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// testPlatform writes a two-Region platform on free loopback ports and
+// starts it as `meridian up --config` would.
+func testPlatform(t *testing.T) *Platform {
+	t.Helper()
+	dir := t.TempDir()
+	ports := map[string]string{}
+	port := func(name string) string {
+		if _, ok := ports[name]; !ok {
+			ports[name] = freePort(t)
+		}
+		return ports[name]
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `apiVersion: meridian.dev/v1alpha1
+kind: Topology
+metadata: {name: t}
+spec:
+  regions:
+  - name: us-east-1
+    tier2: [%q]
+    clusters: [{name: use1, tier1: "http://%s", health: %q}]
+  - name: eu-west-1
+    tier2: [%q]
+    clusters: [{name: euw1, tier1: "http://%s", health: %q}]
+`, port("t2-us"), port("t1-us"), port("h-us"), port("t2-eu"), port("t1-eu"), port("h-eu"))
+	for _, c := range []struct{ name, region, extra string }{{"use1", "us-east-1", `
+  - name: chat
+    modelName: chat-v1
+    modelSelector: {matchLabels: {pool: chat}}`}, {"euw1", "eu-west-1", `
+  - name: chat-next
+    modelName: chat-v2
+    modelSelector: {matchLabels: {pool: chat-next}}`}} {
+		fmt.Fprintf(&b, `---
+apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: %s}
+spec:
+  region: %s
+  cluster: %s
+  bbr: {enabled: true}
+  auth:
+    jwt:
+      issuer: https://auth.example.com/
+      audiences: [meridian]
+      jwksURL: https://auth.example.com/jwks.json
+      requiredClaims: {present: [sub, tenant]}
+  schedulers:
+  - name: fast
+    modelName: fast
+    modelSelector: {matchLabels: {pool: fast}}%s
+`, c.name, c.region, c.name, c.extra)
+	}
+	b.WriteString(`---
+apiVersion: meridian.dev/v1alpha1
+kind: StaticEndpoints
+metadata: {name: pods}
+spec:
+  endpoints:
+`)
+	for _, p := range []struct{ name, cluster, pool, gpu string }{
+		{"us-fast-0", "use1", "fast", "h100"}, {"us-fast-1", "use1", "fast", "a10g"}, {"us-chat-0", "use1", "chat", "h100"},
+		{"eu-fast-0", "euw1", "fast", "h100"}, {"eu-fast-1", "euw1", "fast", "l40s"}, {"eu-chat-0", "euw1", "chat-next", "h100"},
+	} {
+		fmt.Fprintf(&b, "  - {name: %s, address: %q, labels: {pool: %s, gpu: %s}}\n", p.name, port(p.name), p.pool, p.gpu)
+	}
+	// StaticEndpoints scope pods to their cluster by the pool labels being
+	// distinct per cluster here; fast exists in both, so split them.
+	cfg := strings.Replace(b.String(), "metadata: {name: pods}\nspec:\n  endpoints:\n", "", 1)
+	var pods strings.Builder
+	for _, cl := range []string{"use1", "euw1"} {
+		fmt.Fprintf(&pods, "---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints\nmetadata: {name: pods-%s}\nspec:\n  cluster: %s\n  endpoints:\n", cl, cl)
+		for _, line := range strings.Split(b.String(), "\n") {
+			if strings.HasPrefix(line, "  - {name: us-") && cl == "use1" || strings.HasPrefix(line, "  - {name: eu-") && cl == "euw1" {
+				pods.WriteString(line + "\n")
+			}
+		}
+	}
+	cfg = cfg[:strings.LastIndex(cfg, "---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints")] + pods.String()
+	cfg += `---
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceModelRewrite
+metadata: {name: chat}
+spec:
+  rules:
+  - matches: [{model: {value: chat}}]
+    targets:
+    - {modelRewrite: chat-v1, weight: 50}
+    - {modelRewrite: chat-v2, weight: 50}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: team-a}
+spec:
+  maxBand: Critical
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: tiny}
+spec:
+  limits:
+    requests: {limit: 2, per: 1h, burst: 2}
+`
+	if err := os.WriteFile(filepath.Join(dir, "platform.yaml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p, err := startUp(ctx, upFlags{dir: dir, timeScale: 50, crossDelay: 5 * time.Millisecond, tenant: "team-a"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		cancel()
+		t.Fatalf("start platform: %v\n%s", err, cfg)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("platform stopped with: %v", err)
+		}
+	})
+	// Ready when both Tier-2s know both clusters' pools.
+	for _, region := range p.Regions {
+		eventually(t, region+" Tier-2 ready with both Regions' digests", func() bool {
+			c := client(p, region, p.Token)
+			for _, m := range []string{"fast", "chat-v1", "chat-v2"} {
+				if _, err := c.Models.Get(context.Background(), m); err != nil {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	return p
+}
+
+func client(p *Platform, region, token string) openai.Client {
+	return openai.NewClient(option.WithBaseURL(p.Endpoints[region]+"/v1/"), option.WithAPIKey(token), option.WithMaxRetries(0))
+}
+
+// eventually polls cond until it holds or 30 s pass: the platform runs on
+// the wall clock over real sockets, which synctest cannot host.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		<-tick.C
+	}
+}
+
+func ask(model string) openai.ChatCompletionNewParams {
+	return openai.ChatCompletionNewParams{Model: model, MaxTokens: openai.Int(4),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello there")}}
+}
+
+func TestPlatformEndToEnd(t *testing.T) {
+	p := testPlatform(t)
+	ctx := context.Background()
+	us := client(p, "us-east-1", p.Token)
+
+	t.Run("non-streaming", func(t *testing.T) {
+		var resp *http.Response
+		out, err := us.Chat.Completions.New(ctx, ask("fast"), option.WithResponseInto(&resp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Model != "fast" || len(out.Choices) == 0 || out.Usage.TotalTokens == 0 {
+			t.Fatalf("response %+v", out)
+		}
+		if resp.Header.Get("x-ratelimit-limit-requests") != "" {
+			t.Fatal("rate-limit headers for a tenant without limits")
+		}
+	})
+
+	t.Run("streaming", func(t *testing.T) {
+		params := ask("fast")
+		params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		s := us.Chat.Completions.NewStreaming(ctx, params)
+		chunks, text := 0, ""
+		for s.Next() {
+			c := s.Current()
+			chunks++
+			if len(c.Choices) > 0 {
+				text += c.Choices[0].Delta.Content
+			}
+			if c.Model != "fast" {
+				t.Fatalf("chunk model %q", c.Model)
+			}
+		}
+		if err := s.Err(); err != nil || chunks < 3 || text == "" {
+			t.Fatalf("stream: %d chunks, text %q, err %v", chunks, text, err)
+		}
+	})
+
+	t.Run("canary split answers with the public name", func(t *testing.T) {
+		seen := map[string]bool{}
+		for i := range 16 {
+			var resp *http.Response
+			out, err := us.Chat.Completions.New(ctx, ask("chat"), option.WithResponseInto(&resp),
+				option.WithHeader("x-session-id", fmt.Sprint(i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out.Model != "chat" {
+				t.Fatalf("response model %q, want the public name chat", out.Model)
+			}
+			seen[resp.Header.Get("x-meridian-cluster")] = true
+		}
+		// chat-v1 lives in use1 and chat-v2 in euw1: a 50/50 split by
+		// tenant is sticky, so one tenant sees one cluster.
+		if len(seen) != 1 {
+			t.Fatalf("one tenant's requests went to clusters %v; the split must be sticky per tenant", seen)
+		}
+	})
+
+	t.Run("401 for bad tokens", func(t *testing.T) {
+		for _, tok := range []string{"", "not-a-jwt", p.Token[:len(p.Token)-4] + "AAAA"} {
+			c := client(p, "us-east-1", tok)
+			_, err := c.Chat.Completions.New(ctx, ask("fast"))
+			var apiErr *openai.Error
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized {
+				t.Fatalf("token %q: err %v, want 401", tok, err)
+			}
+		}
+	})
+
+	t.Run("unknown model 404", func(t *testing.T) {
+		_, err := us.Chat.Completions.New(ctx, ask("gpt-nine"))
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
+			t.Fatalf("err %v, want 404", err)
+		}
+	})
+
+	t.Run("rate limit 429 with headers", func(t *testing.T) {
+		tok := mustToken(t, p, "tiny")
+		c := client(p, "us-east-1", tok)
+		var last error
+		var resp *http.Response
+		for range 4 {
+			_, last = c.Chat.Completions.New(ctx, ask("fast"), option.WithResponseInto(&resp))
+		}
+		var apiErr *openai.Error
+		if !errors.As(last, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("4th request of a 2-per-hour tenant: %v, want 429", last)
+		}
+		h := apiErr.Response.Header
+		if h.Get("Retry-After") == "" || h.Get("x-ratelimit-limit-requests") != "2" || h.Get("x-ratelimit-remaining-requests") == "" {
+			t.Fatalf("429 headers %v", h)
+		}
+	})
+
+	t.Run("Region failover", func(t *testing.T) {
+		// Concurrent traffic while us-east-1's only cluster dies: requests
+		// that had not started streaming must not fail.
+		var failed, ok atomic.Int64
+		var firstErr atomic.Value
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if _, err := us.Chat.Completions.New(ctx, ask("fast")); err != nil {
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, err.Error())
+					} else {
+						ok.Add(1)
+					}
+				}
+			}()
+		}
+		eventually(t, "some traffic before the failure", func() bool { return ok.Load() > 20 })
+		if !p.Stop("tier1/use1") {
+			t.Fatal("no component tier1/use1")
+		}
+		before := ok.Load()
+		eventually(t, "traffic served from eu-west-1", func() bool { return ok.Load() > before+40 })
+		close(stop)
+		wg.Wait()
+		if n := failed.Load(); n > 0 {
+			t.Fatalf("%d requests failed during the failover (first: %v)", n, firstErr.Load())
+		}
+		var resp *http.Response
+		if _, err := us.Chat.Completions.New(ctx, ask("fast"), option.WithResponseInto(&resp)); err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.Header.Get("x-meridian-region"); got != "eu-west-1" {
+			t.Fatalf("after the failure served by %q, want eu-west-1", got)
+		}
+	})
+}
+
+func mustToken(t *testing.T, p *Platform, tenant string) string {
+	t.Helper()
+	tok, err := p.sign(tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+var _ = sim.Faults{}
