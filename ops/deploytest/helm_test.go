@@ -59,6 +59,7 @@ type manifests struct {
 	serviceMonitors []*monitoringv1.ServiceMonitor
 	podMonitors     []*monitoringv1.PodMonitor
 	httpRoutes      []*gatewayv1.HTTPRoute
+	prometheusRules []*monitoringv1.PrometheusRule
 	inferencePools  []*config.InferencePool
 	count           int
 }
@@ -161,6 +162,9 @@ func decode(out map[string]string) (manifests, []error) {
 			case "monitoring.coreos.com/v1/PodMonitor":
 				o := &monitoringv1.PodMonitor{}
 				m.podMonitors, obj = append(m.podMonitors, o), o
+			case "monitoring.coreos.com/v1/PrometheusRule":
+				o := &monitoringv1.PrometheusRule{}
+				m.prometheusRules, obj = append(m.prometheusRules, o), o
 			case "gateway.networking.k8s.io/v1/HTTPRoute":
 				o := &gatewayv1.HTTPRoute{}
 				m.httpRoutes, obj = append(m.httpRoutes, o), o
@@ -432,6 +436,20 @@ func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[str
 		}
 	}
 
+	// The PrometheusRule carries every rule of deploy/prometheus/rules.
+	if len(m.prometheusRules) != 1 {
+		t.Errorf("%d PrometheusRules, want 1", len(m.prometheusRules))
+	} else {
+		exprs, _ := ruleExpressions(t)
+		n := 0
+		for _, g := range m.prometheusRules[0].Spec.Groups {
+			n += len(g.Rules)
+		}
+		if n != len(exprs) {
+			t.Errorf("PrometheusRule has %d rules, deploy/prometheus/rules %d", n, len(exprs))
+		}
+	}
+
 	// extproc wiring: each InferencePool names the Tier-1 Service and its
 	// ext_proc port; each HTTPRoute backend is a rendered InferencePool.
 	pools := map[string]bool{}
@@ -681,5 +699,24 @@ func TestChartTemplateTypoFailsDecoding(t *testing.T) {
 				t.Fatalf("errors do not name %s: %v", field, errs)
 			}
 		})
+	}
+}
+
+// TestChartRulesAreTheShippedRules keeps the chart's copies of the rule
+// files identical to deploy/prometheus/rules (Helm can only read files
+// inside the chart).
+func TestChartRulesAreTheShippedRules(t *testing.T) {
+	for _, name := range []string{"recording.yml", "alerts.yml"} {
+		want, err := os.ReadFile(filepath.Join(repo, "deploy/prometheus/rules", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(chartDir, "files", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("deploy/helm/meridian/files/%s differs from deploy/prometheus/rules/%s: cp deploy/prometheus/rules/%s deploy/helm/meridian/files/", name, name, name)
+		}
 	}
 }
