@@ -6,13 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -57,39 +60,60 @@ type Kubernetes struct {
 	testHookEvent func(obj any)
 }
 
+// ErrNotInCluster is returned (wrapped) by NewKubernetes when no
+// kubeconfig is given and the process is not running in a Kubernetes pod:
+// a Tier-1 outside Kubernetes uses static endpoints only.
+var ErrNotInCluster = rest.ErrNotInCluster
+
+// inClusterNamespaceFile is where Kubernetes mounts the pod's namespace
+// next to its service-account token.
+const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
 // NewKubernetes returns a pod watcher for a namespace. With a kubeconfig
-// path it uses that file's current context; with "" it uses the in-cluster
-// service account (the pod's token and the KUBERNETES_SERVICE_HOST/PORT
-// environment). An empty namespace means the current context's namespace,
-// or in a cluster the Tier-1's own (POD_NAMESPACE, else the service
-// account's); set the Namespace field to "" afterwards to watch every
-// namespace instead.
+// path it uses that file's current context. With "" it uses the in-cluster
+// service account (the pod's mounted token and the
+// KUBERNETES_SERVICE_HOST/PORT environment), and fails with ErrNotInCluster
+// outside a pod. An empty namespace means the current context's namespace
+// (default "default"), or in a cluster the Tier-1's own: POD_NAMESPACE if
+// set (the downward API), else the service account's. To watch every
+// namespace, set the Namespace field to "" afterwards.
 func NewKubernetes(kubeconfig, namespace string) (*Kubernetes, error) {
-	where := "in-cluster config"
-	if kubeconfig != "" {
-		where = "kubeconfig " + kubeconfig
-	}
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-		&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig},
-		&clientcmd.ConfigOverrides{},
-	)
-	rc, err := cc.ClientConfig()
-	if err != nil {
-		if kubeconfig == "" {
-			return nil, fmt.Errorf("discovery: %s: not running in a Kubernetes pod and no kubeconfig given: %w", where, err)
-		}
-		return nil, fmt.Errorf("discovery: %s: %w", where, err)
-	}
-	if namespace == "" {
-		namespace, _, err = cc.Namespace()
+	var rc *rest.Config
+	var err error
+	if kubeconfig == "" {
+		rc, err = rest.InClusterConfig()
 		if err != nil {
-			return nil, fmt.Errorf("discovery: %s: namespace: %w", where, err)
+			return nil, fmt.Errorf("discovery: no kubeconfig given and no in-cluster config: %w", err)
+		}
+		if namespace == "" {
+			namespace = os.Getenv("POD_NAMESPACE")
+		}
+		if namespace == "" {
+			b, err := os.ReadFile(inClusterNamespaceFile)
+			if err != nil {
+				return nil, fmt.Errorf("discovery: in-cluster namespace: set --namespace or POD_NAMESPACE: %w", err)
+			}
+			namespace = strings.TrimSpace(string(b))
+		}
+	} else {
+		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig},
+			&clientcmd.ConfigOverrides{},
+		)
+		rc, err = cc.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("discovery: kubeconfig %s: %w", kubeconfig, err)
+		}
+		if namespace == "" {
+			if namespace, _, err = cc.Namespace(); err != nil {
+				return nil, fmt.Errorf("discovery: kubeconfig %s: namespace: %w", kubeconfig, err)
+			}
 		}
 	}
 	rc.UserAgent = "meridian-tier1"
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("discovery: %s: %w", where, err)
+		return nil, fmt.Errorf("discovery: Kubernetes client: %w", err)
 	}
 	return &Kubernetes{Client: client, Namespace: namespace}, nil
 }

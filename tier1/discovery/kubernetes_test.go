@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -417,8 +418,8 @@ current-context: test
 		t.Setenv("KUBERNETES_SERVICE_HOST", "")
 		t.Setenv("KUBERNETES_SERVICE_PORT", "")
 		_, err := NewKubernetes("", "")
-		if err == nil || !strings.Contains(err.Error(), "not running in a Kubernetes pod") {
-			t.Errorf("NewKubernetes: %v, want the in-cluster error", err)
+		if !errors.Is(err, ErrNotInCluster) {
+			t.Errorf("NewKubernetes: %v, want ErrNotInCluster", err)
 		}
 	})
 }
