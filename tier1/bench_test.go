@@ -3,6 +3,7 @@ package tier1
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,8 +19,9 @@ import (
 var allWeights = config.Weights{Queue: 2, KVCache: 2, Prefix: 3, LoraAffinity: 1, RunningRequests: 1, PredictedLatency: 1, LRU: 1}
 
 // benchFixture is a pool of P scraped pods whose prefix index already
-// holds prompts, and a prompt of B blocks whose first half is cached on a
-// few pods, so matching walks real holder chains.
+// holds prompts, and a prompt of B blocks whose first 16 blocks (a shared
+// system prompt) are cached on every pod, its first half on a few and all
+// of it on one, so matching walks real holder chains.
 type benchFixture struct {
 	s    *Scheduler
 	body *request.Body
@@ -71,7 +73,13 @@ func buildBenchFixture(tb testing.TB, mode string, pods, blocks int) *benchFixtu
 			s.Dispatch(ep, other, t0.Add(-time.Minute))
 		}
 	}
-	// This prompt's first half on 4 pods, all of it on one.
+	// Its first 16 blocks (a system prompt) on every pod, so that those
+	// blocks have as many holders as there are pods.
+	for i, ep := range eps {
+		sys := &Request{Model: "llama", Hashes: append(slices.Clone(req.Hashes[:min(16, blocks)]), uint64(i)), PromptTokens: 300}
+		s.Dispatch(ep, sys, t0.Add(-time.Minute))
+	}
+	// Its first half on 4 pods, all of it on one.
 	for i := range min(4, pods) {
 		half := &Request{Model: "llama", Hashes: req.Hashes[:blocks/2], PromptTokens: 8 * blocks}
 		s.Dispatch(eps[i*pods/4], half, t0.Add(-time.Minute))

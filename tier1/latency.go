@@ -49,9 +49,14 @@ const (
 type latencyModel struct {
 	coef atomic.Pointer[[numFeatures]float64] // nil: the prior
 
-	mu sync.Mutex
-	p  [numFeatures][numFeatures]float64 // inverse-covariance state; zero until first use
-	n  int64
+	mu    sync.Mutex
+	state *rlsState // nil until the first observation
+}
+
+// rlsState is recursive least squares' covariance and observation count.
+type rlsState struct {
+	p [numFeatures][numFeatures]float64
+	n int64
 }
 
 func latencyFeatures(waiting, running, uncachedTokens, inflightTokens float64) [numFeatures]float64 {
@@ -83,18 +88,19 @@ func (m *latencyModel) observe(x *[numFeatures]float64, y float64) {
 	if c := m.coef.Load(); c != nil {
 		theta = *c
 	}
-	if m.n == 0 {
-		for i := range m.p {
-			m.p[i] = [numFeatures]float64{}
-			m.p[i][i] = latencyPriorVar
+	if m.state == nil {
+		m.state = &rlsState{}
+		for i := range m.state.p {
+			m.state.p[i][i] = latencyPriorVar
 		}
 	}
-	m.n++
+	st := m.state
+	st.n++
 	var px [numFeatures]float64
 	den := latencyForget
 	for i := range px {
 		for j := range x {
-			px[i] += m.p[i][j] * x[j]
+			px[i] += st.p[i][j] * x[j]
 		}
 		den += x[i] * px[i]
 	}
@@ -105,19 +111,19 @@ func (m *latencyModel) observe(x *[numFeatures]float64, y float64) {
 	for i := range theta {
 		theta[i] += px[i] / den * e
 	}
-	for i := range m.p {
-		for j := range m.p[i] {
-			m.p[i][j] = (m.p[i][j] - px[i]*px[j]/den) / latencyForget
+	for i := range st.p {
+		for j := range st.p[i] {
+			st.p[i][j] = (st.p[i][j] - px[i]*px[j]/den) / latencyForget
 		}
 	}
 	// Keep every variance at most the prior's: a congruence by a diagonal
 	// matrix keeps p symmetric positive definite.
-	for i := range m.p {
-		if v := m.p[i][i]; v > latencyPriorVar {
+	for i := range st.p {
+		if v := st.p[i][i]; v > latencyPriorVar {
 			f := math.Sqrt(latencyPriorVar / v)
-			for j := range m.p {
-				m.p[i][j] *= f
-				m.p[j][i] *= f
+			for j := range st.p {
+				st.p[i][j] *= f
+				st.p[j][i] *= f
 			}
 		}
 	}
@@ -128,5 +134,8 @@ func (m *latencyModel) observe(x *[numFeatures]float64, y float64) {
 func (m *latencyModel) observations() int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.n
+	if m.state == nil {
+		return 0
+	}
+	return m.state.n
 }

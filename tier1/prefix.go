@@ -29,13 +29,14 @@ type PrefixEvent struct {
 // evicts a prompt's tail blocks (GIE: its head blocks) first, as vLLM
 // (hashicorp/golang-lru in GIE) does.
 //
-// Memory: one 32-byte node per (endpoint, block) entry plus one 8-byte
-// table slot (at 3/8 to 3/4 load) per distinct block; see
+// Memory: one 24-byte node and one 8-byte holder link per (endpoint,
+// block) entry plus one 8-byte table slot (at 3/8 to 3/4 load) per distinct block; see
 // BenchmarkPrefixIndexMemory for the measured bytes per entry.
 type PrefixIndex struct {
 	mu     sync.RWMutex
 	byHash blockTable     // block hash → first node holding it
 	chunks [][]prefixNode // node slab; node i is chunks[i>>chunkBits][i&chunkMask]
+	links  [][]holderLink // each node's holder-chain link, same indexing
 	used   int32          // nodes handed out from the slab
 	free   int32          // free list through next; nilNode when empty
 	pods   []podEntries   // by endpoint slot
@@ -52,8 +53,14 @@ type prefixNode struct {
 	stamp int64
 	prev  int32 // newer neighbour in the endpoint's list
 	next  int32 // older neighbour; free-list link for free nodes
-	same  int32 // next node with the same hash (another endpoint)
-	pod   int32
+}
+
+// holderLink chains the nodes holding one hash. It lives apart from the
+// node, densely packed, so that walking a hash's holders (every decision,
+// every dispatch) touches 8 bytes a holder instead of a 32-byte node.
+type holderLink struct {
+	pod  int32 // endpoint slot
+	same int32 // next node with the same hash (another endpoint)
 }
 
 // podEntries is one endpoint's entries, newest first.
@@ -72,6 +79,10 @@ func (x *PrefixIndex) node(i int32) *prefixNode {
 	return &x.chunks[i>>chunkBits][i&chunkMask]
 }
 
+func (x *PrefixIndex) link(i int32) *holderLink {
+	return &x.links[i>>chunkBits][i&chunkMask]
+}
+
 func (x *PrefixIndex) alloc() int32 {
 	if x.free != nilNode {
 		i := x.free
@@ -80,6 +91,7 @@ func (x *PrefixIndex) alloc() int32 {
 	}
 	if int(x.used)>>chunkBits == len(x.chunks) {
 		x.chunks = append(x.chunks, make([]prefixNode, 1<<chunkBits))
+		x.links = append(x.links, make([]holderLink, 1<<chunkBits))
 	}
 	i := x.used
 	x.used++
@@ -143,11 +155,11 @@ func (x *PrefixIndex) put(slot int32, p *podEntries, h uint64, s int64, hint int
 	head := x.byHash.get(h, x)
 	ok := head != nilNode
 	if ok {
-		for i := head; i != nilNode; i = x.node(i).same {
-			n := x.node(i)
-			if n.pod != slot {
+		for i := head; i != nilNode; i = x.link(i).same {
+			if x.link(i).pod != slot {
 				continue
 			}
+			n := x.node(i)
 			if s > n.stamp {
 				x.unlink(p, i)
 				n.stamp = s
@@ -161,10 +173,8 @@ func (x *PrefixIndex) put(slot int32, p *podEntries, h uint64, s int64, hint int
 	}
 	i := x.alloc()
 	n := x.node(i)
-	*n = prefixNode{hash: h, stamp: s, pod: slot, same: nilNode}
-	if ok {
-		n.same = head
-	}
+	*n = prefixNode{hash: h, stamp: s}
+	*x.link(i) = holderLink{pod: slot, same: head} // head is nilNode when !ok
 	x.byHash.set(h, i, x)
 	x.insert(p, i, hint)
 	p.n++
@@ -241,17 +251,18 @@ func (x *PrefixIndex) drop(p *podEntries, i int32) {
 	x.unlink(p, i)
 	p.n--
 	n := x.node(i)
+	l := x.link(i)
 	head := x.byHash.get(n.hash, x)
 	if head == i {
-		if n.same == nilNode {
+		if l.same == nilNode {
 			x.byHash.del(n.hash, x)
 		} else {
-			x.byHash.set(n.hash, n.same, x)
+			x.byHash.set(n.hash, l.same, x)
 		}
 	} else {
-		for j := head; j != nilNode; j = x.node(j).same {
-			if m := x.node(j); m.same == i {
-				m.same = n.same
+		for j := head; j != nilNode; j = x.link(j).same {
+			if m := x.link(j); m.same == i {
+				m.same = l.same
 				break
 			}
 		}
@@ -292,12 +303,12 @@ func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool) i
 		}
 		any := false
 		for i := head; i != nilNode; {
-			n := &x.chunks[i>>chunkBits][i&chunkMask]
-			if int(n.pod) < len(counts) && (!consecutive || counts[n.pod] == int32(b)) {
-				counts[n.pod]++
+			l := &x.links[i>>chunkBits][i&chunkMask]
+			if int(l.pod) < len(counts) && (!consecutive || counts[l.pod] == int32(b)) {
+				counts[l.pod]++
 				any = true
 			}
-			i = n.same
+			i = l.same
 		}
 		if !any {
 			return b
@@ -317,8 +328,8 @@ func (x *PrefixIndex) matchOne(slot int32, hashes []uint64, consecutive bool) in
 			break
 		}
 		held := false
-		for i := head; i != nilNode; i = x.node(i).same {
-			if x.node(i).pod == slot {
+		for i := head; i != nilNode; i = x.link(i).same {
+			if x.link(i).pod == slot {
 				held = true
 				break
 			}

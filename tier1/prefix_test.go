@@ -181,11 +181,11 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 		n := 0
 		for i := x.pods[slot].head; i != nilNode; i = x.node(i).next {
 			nd := x.node(i)
-			if nd.pod != int32(slot) {
-				t.Fatalf("node %d in slot %d's list says pod %d", i, slot, nd.pod)
+			if pod := x.link(i).pod; pod != int32(slot) {
+				t.Fatalf("node %d in slot %d's list says pod %d", i, slot, pod)
 			}
 			found := false
-			for j := x.byHash.get(nd.hash, x); j != nilNode; j = x.node(j).same {
+			for j := x.byHash.get(nd.hash, x); j != nilNode; j = x.link(j).same {
 				if x.node(j).hash != nd.hash {
 					t.Fatalf("chain of %x holds %x", nd.hash, x.node(j).hash)
 				}
