@@ -38,11 +38,11 @@ const (
 	namespace   = "meridian"
 )
 
-// The flags `meridian tier1` and `meridian tier2` accept (issues 5 and 7;
-// --prefix from the shared etcd flags). A rendered argument outside these
+// The flags `meridian tier1` and `meridian tier2` accept (issues 5 and 7,
+// cmd/meridian; --prefix from the shared configuration-source flags). A rendered argument outside these
 // fails the test.
 var tierFlags = map[string][]string{
-	"tier1": {"--config", "--etcd", "--prefix", "--cluster", "--listen", "--extproc", "--health", "--metrics", "--peers"},
+	"tier1": {"--config", "--etcd", "--prefix", "--cluster", "--region", "--listen", "--extproc", "--health", "--metrics", "--peers"},
 	"tier2": {"--config", "--etcd", "--prefix", "--region", "--listen", "--gossip-bind", "--join", "--metrics"},
 }
 
