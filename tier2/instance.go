@@ -70,6 +70,8 @@ type Instance struct {
 
 	mu   sync.Mutex
 	subs map[string]context.CancelFunc // cluster → health subscription
+
+	ejections map[string]uint64 // last seen ejection count per cluster (housekeeping only)
 }
 
 // NewInstance assembles a Tier-2 from the first configuration.
@@ -80,7 +82,7 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 	if snap.Topology == nil {
 		return nil, fmt.Errorf("tier2: the configuration has no Topology: Tier-2 needs the Regions and clusters")
 	}
-	in := &Instance{cfg: cfg, log: cfg.Logger, subs: map[string]context.CancelFunc{}}
+	in := &Instance{cfg: cfg, log: cfg.Logger, subs: map[string]context.CancelFunc{}, ejections: map[string]uint64{}}
 	in.metrics = NewMetrics(cfg.Registerer)
 	fleet, err := regions.NewFleet(in.fleetConfig(snap))
 	if err != nil {
@@ -360,6 +362,10 @@ func (in *Instance) housekeeping(ctx context.Context) {
 				v = 1
 			}
 			in.metrics.ejected.WithLabelValues(st.Cluster).Set(v)
+			if prev := in.ejections[st.Cluster]; st.Ejections > prev {
+				in.metrics.ejections.WithLabelValues(st.Cluster).Add(float64(st.Ejections - prev))
+			}
+			in.ejections[st.Cluster] = st.Ejections
 		}
 		if in.Node == nil {
 			continue

@@ -118,7 +118,7 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 			region = cmp.Or(region, gwCfg.Spec.Region)
 			cluster = cmp.Or(cluster, gwCfg.Spec.Cluster, gwCfg.Metadata.Name)
 		}
-		pub = health.NewPublisher(gw, health.Config{Region: region, Cluster: cluster, Replica: f.replica, Logger: log})
+		pub = health.NewPublisher(gw, health.Config{Region: region, Cluster: cluster, Replica: f.replica, Window: 10 * time.Second, Logger: log})
 	}
 	inst.run = func(ctx context.Context) error {
 		defer src.close()

@@ -24,6 +24,7 @@ import (
 
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/deploy/examples"
+	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier2"
 	"github.com/meridian-router/meridian/tier2/gossip/gossiptest"
@@ -83,8 +84,9 @@ type Platform struct {
 	mu    sync.Mutex
 	stops map[string]context.CancelFunc // component → stop, once running
 
-	snap *config.Snapshot
-	key  *ecdsa.PrivateKey
+	snap   *config.Snapshot
+	key    *ecdsa.PrivateKey
+	fleets map[string]*regions.Fleet // Region → its Tier-2's fleet
 }
 
 // sign returns a development token for tenant.
@@ -129,7 +131,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 	if snap.Topology == nil || len(snap.Topology.Spec.Regions) == 0 {
 		return nil, fmt.Errorf("up: the configuration has no Topology")
 	}
-	p := &Platform{Endpoints: map[string]string{}, stops: map[string]context.CancelFunc{}}
+	p := &Platform{Endpoints: map[string]string{}, stops: map[string]context.CancelFunc{}, fleets: map[string]*regions.Fleet{}}
 	type component struct {
 		name string
 		run  func(ctx context.Context) error
@@ -231,6 +233,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 		runs = append(runs, component{"tier2/" + r.Name, t2.run})
 		p.Endpoints[r.Name] = "http://" + t2.servers[0].Addr()
 		p.Regions = append(p.Regions, r.Name)
+		p.fleets[r.Name] = t2.inst.Fleet
 		p.Metrics = append(p.Metrics, MetricsTarget{Addr: t2.servers[1].Addr(), Labels: map[string]string{"job": "meridian-tier2", "region": r.Name}})
 	}
 	p.run = func(ctx context.Context) error {

@@ -286,6 +286,42 @@ func TestPlatformEndToEnd(t *testing.T) {
 		}
 	})
 
+	// A cluster whose pods answer 5xx stops getting traffic — through Tier-2's
+	// retry on the next cluster at once, then the error rate in its health
+	// digest or an outlier ejection, whichever comes first — and gets it back
+	// once it recovers. (Ejection on its own is covered in regions.)
+	t.Run("failing cluster avoided and readmitted", func(t *testing.T) {
+		var bad []*sim.LivePod
+		for _, lp := range p.Pods {
+			if strings.HasPrefix(lp.Name(), "us-fast") {
+				bad = append(bad, lp)
+			}
+		}
+		if len(bad) != 2 {
+			t.Fatalf("found %d us-fast pods", len(bad))
+		}
+		for _, lp := range bad {
+			lp.SetFaults(sim.Faults{ErrorRate: 1})
+		}
+		for i := range 30 {
+			var resp *http.Response
+			if _, err := us.Chat.Completions.New(ctx, ask("fast"), option.WithResponseInto(&resp)); err != nil {
+				t.Fatalf("request %d failed while use1 returned 5xx: %v", i, err)
+			}
+			if c := resp.Header.Get("x-meridian-cluster"); c != "euw1" {
+				t.Fatalf("request %d served by %s while it fails", i, c)
+			}
+		}
+		for _, lp := range bad {
+			lp.SetFaults(sim.Faults{})
+		}
+		eventually(t, "use1 readmitted and serving again", func() bool {
+			var resp *http.Response
+			_, err := us.Chat.Completions.New(ctx, ask("fast"), option.WithResponseInto(&resp))
+			return err == nil && resp.Header.Get("x-meridian-cluster") == "use1"
+		})
+	})
+
 	t.Run("Region failover", func(t *testing.T) {
 		// Concurrent traffic while us-east-1's only cluster dies: requests
 		// that had not started streaming must not fail.
@@ -341,5 +377,3 @@ func mustToken(t *testing.T, p *Platform, tenant string) string {
 	}
 	return tok
 }
-
-var _ = sim.Faults{}
