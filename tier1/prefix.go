@@ -131,6 +131,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 		return 0
 	}
 	hint := int32(nilNode)
+	near := [2]int32{nilNode, nilNode}
 	leading := true
 	for i, h := range hashes {
 		s := stamp - int64(i)
@@ -138,7 +139,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 			s = stamp + int64(i)
 		}
 		var existed bool
-		hint, existed = x.put(slot, p, h, s, hint)
+		hint, existed, near = x.put(slot, p, h, s, hint, near)
 		if leading = leading && existed; leading {
 			held++
 		}
@@ -149,36 +150,54 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	return held
 }
 
-// put inserts or refreshes one entry and returns the node to use as the
-// next insertion hint, and whether the entry existed.
-func (x *PrefixIndex) put(slot int32, p *podEntries, h uint64, s int64, hint int32) (int32, bool) {
-	head := x.byHash.get(h, x)
-	ok := head != nilNode
-	if ok {
-		for i := head; i != nilNode; i = x.link(i).same {
-			if x.link(i).pod != slot {
-				continue
-			}
-			n := x.node(i)
-			if s > n.stamp {
-				x.unlink(p, i)
-				n.stamp = s
-				x.insert(p, i, hint)
-			}
-			return i, true
+// put inserts or refreshes one entry. It returns the node to use as the
+// next insertion hint, whether the entry existed, and, when it did, the
+// entry's neighbours before it moved. The blocks of one prompt sit next to
+// each other in an endpoint's list (they were stamped together), so the
+// next block of a prompt sent again is usually one of those neighbours:
+// checking them first avoids walking the block's holder chain, which for a
+// system prompt shared by every pod is as long as the pool.
+func (x *PrefixIndex) put(slot int32, p *podEntries, h uint64, s int64, hint int32, near [2]int32) (int32, bool, [2]int32) {
+	found := int32(nilNode)
+	for _, c := range near {
+		// A live node of this endpoint (nothing is freed during an add)
+		// with this hash is the endpoint's entry for it.
+		if c != nilNode && x.node(c).hash == h {
+			found = c
+			break
 		}
 	}
+	head := int32(nilNode)
+	if found == nilNode {
+		head = x.byHash.get(h, x)
+		for i := head; i != nilNode; i = x.link(i).same {
+			if x.link(i).pod == slot {
+				found = i
+				break
+			}
+		}
+	}
+	if found != nilNode {
+		n := x.node(found)
+		was := [2]int32{n.prev, n.next}
+		if s > n.stamp {
+			x.unlink(p, found)
+			n.stamp = s
+			x.insert(p, found, hint)
+		}
+		return found, true, was
+	}
+	none := [2]int32{nilNode, nilNode}
 	if p.n >= p.capacity && p.tail != nilNode && newer(x.node(p.tail), s, h) {
-		return hint, false // older than everything kept: it would be evicted at once
+		return hint, false, none // older than everything kept: it would be evicted at once
 	}
 	i := x.alloc()
-	n := x.node(i)
-	*n = prefixNode{hash: h, stamp: s}
-	*x.link(i) = holderLink{pod: slot, same: head} // head is nilNode when !ok
+	*x.node(i) = prefixNode{hash: h, stamp: s}
+	*x.link(i) = holderLink{pod: slot, same: head} // head is nilNode when the hash is new
 	x.byHash.set(h, i, x)
 	x.insert(p, i, hint)
 	p.n++
-	return i, false
+	return i, false, none
 }
 
 // insert links node i into p's list in (stamp, hash) order, searching from
