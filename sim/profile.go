@@ -211,7 +211,7 @@ type stepCost struct {
 	loads       int     // adapters loaded this step
 }
 
-// StepTime is the duration of one engine step: a roofline of the dense and
+// stepTime is the duration of one engine step: a roofline of the dense and
 // attention FLOPs against the weights and KV bytes read, plus the fixed
 // overhead and adapter loads.
 func (p *Profile) stepTime(c stepCost) time.Duration {
