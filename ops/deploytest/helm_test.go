@@ -453,8 +453,18 @@ func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[str
 	// extproc wiring: each InferencePool names the Tier-1 Service and its
 	// ext_proc port; each HTTPRoute backend is a rendered InferencePool.
 	pools := map[string]bool{}
+	configured := platformPools(t)
 	for _, p := range m.inferencePools {
 		pools[p.Metadata.Name] = true
+		// The pool the Gateway reads is the pool Meridian is configured
+		// with.
+		if c, ok := configured[p.Metadata.Name]; ok {
+			got, _ := json.Marshal(p.Spec)
+			want, _ := json.Marshal(c.Spec)
+			if !bytes.Equal(got, want) {
+				t.Errorf("InferencePool %s differs from deploy/examples/platform:\n chart:  %s\n config: %s", p.Metadata.Name, got, want)
+			}
+		}
 		ref := p.Spec.EndpointPickerRef
 		if ref == nil || ref.Port == nil {
 			t.Errorf("InferencePool %s: no endpointPickerRef port", p.Metadata.Name)
@@ -719,4 +729,14 @@ func TestChartRulesAreTheShippedRules(t *testing.T) {
 			t.Errorf("deploy/helm/meridian/files/%s differs from deploy/prometheus/rules/%s: cp deploy/prometheus/rules/%s deploy/helm/meridian/files/", name, name, name)
 		}
 	}
+}
+
+// platformPools returns the example platform's InferencePools by name.
+func platformPools(t *testing.T) map[string]*config.InferencePool {
+	t.Helper()
+	snap, err := config.LoadDir(platformDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap.Pools
 }
