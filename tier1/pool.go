@@ -110,12 +110,12 @@ func (p *Pool) Endpoint(id string) *Endpoint { return p.set.Load().byID[id] }
 // PrefixIndex returns the pool's prefix index.
 func (p *Pool) PrefixIndex() *PrefixIndex { return p.index }
 
-// ApplyPrefixEvent records another replica's dispatch in the prefix index.
+// applyPrefixEvent records another replica's dispatch in the prefix index.
 // It reports false when the endpoint is unknown here (not yet discovered,
 // or gone); such events are dropped. Capacity comes from the endpoint's
 // metrics as for local dispatches, with the Meridian scheduler's block
 // size: events are only exchanged between Meridian-mode replicas.
-func (p *Pool) ApplyPrefixEvent(ev PrefixEvent, blockSize, defaultCapacity int) bool {
+func (p *Pool) applyPrefixEvent(ev PrefixEvent, blockSize, defaultCapacity int) bool {
 	ep := p.Endpoint(ev.Endpoint)
 	if ep == nil {
 		return false

@@ -685,5 +685,5 @@ func (s *Scheduler) capacity(m *Metrics) int {
 // index, with this scheduler's block size and capacity rules. It reports
 // false for an unknown endpoint.
 func (s *Scheduler) ApplyPrefixEvent(ev PrefixEvent) bool {
-	return s.pool.ApplyPrefixEvent(ev, s.policy.BlockSize, s.policy.LRUCapacityPerServer)
+	return s.pool.applyPrefixEvent(ev, s.policy.BlockSize, s.policy.LRUCapacityPerServer)
 }
