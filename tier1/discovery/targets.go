@@ -17,6 +17,7 @@ import (
 	"cmp"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 
@@ -95,9 +96,16 @@ func Endpoints(s *config.Snapshot, cluster string, pods []Pod) map[string][]Targ
 	if g == nil {
 		return nil
 	}
+	live := make([]*Pod, 0, len(pods))
+	for i := range pods {
+		p := &pods[i]
+		if ip, err := netip.ParseAddr(p.IP); p.Ready && err == nil && ip.Zone() == "" {
+			live = append(live, p)
+		}
+	}
 	out := make(map[string][]Target, len(g.Spec.Schedulers))
 	for _, sc := range g.Spec.Schedulers {
-		out[sc.Name] = schedulerTargets(s, cluster, sc, pods)
+		out[sc.Name] = schedulerTargets(s, cluster, sc, live)
 	}
 	return out
 }
@@ -109,7 +117,9 @@ type selection struct {
 	ports     []int
 }
 
-func schedulerTargets(s *config.Snapshot, cluster string, sc config.Scheduler, pods []Pod) []Target {
+// schedulerTargets returns one scheduler's targets among live pods (Ready,
+// with a valid IP).
+func schedulerTargets(s *config.Snapshot, cluster string, sc config.Scheduler, live []*Pod) []Target {
 	sels := poolSelections(s, sc)
 	if len(sels) == 0 {
 		port := sc.TargetPort
@@ -120,10 +130,7 @@ func schedulerTargets(s *config.Snapshot, cluster string, sc config.Scheduler, p
 	}
 
 	targets := []Target{}
-	for _, p := range pods {
-		if !p.Ready || net.ParseIP(p.IP) == nil {
-			continue
-		}
+	for _, p := range live {
 		for _, sel := range sels {
 			if sel.namespace != "" && sel.namespace != p.Namespace {
 				continue
