@@ -651,7 +651,9 @@ func grow[T any](s []T, n int) []T {
 func (s *Scheduler) Dispatch(ep *Endpoint, req *Request, now time.Time) Ticket {
 	l := ep.load()
 	hit := 0.0
-	if len(req.Hashes) > 0 {
+	// An endpoint removed since the decision keeps its accounting but must
+	// not write index entries: its slot may already be another endpoint's.
+	if len(req.Hashes) > 0 && s.pool.Endpoint(ep.ID) == ep {
 		held := s.pool.index.add(ep.slot, s.capacity(l.m), now.UnixNano(), req.Hashes, s.gie)
 		hit = float64(held) / float64(len(req.Hashes))
 	}

@@ -600,8 +600,17 @@ func TestPoolMembership(t *testing.T) {
 	if ep.slot != eps[0].slot {
 		t.Fatalf("slot %d not reused (want %d)", ep.slot, eps[0].slot)
 	}
-	moved := pool.Add("p1", "10.0.1.1:8000")
-	if moved == eps[1] || moved.Address != "10.0.1.1:8000" {
+	// A dispatch decided before a removal must not leave entries in the
+	// slot's next owner.
+	gone := eps[1]
+	pool.Remove("p1")
+	reborn := pool.Add("p1b", "10.0.0.21:8000")
+	s.Dispatch(gone, &Request{Model: "llama", Hashes: seq(1, 4)}, t0)
+	if pool.PrefixIndex().Len() != 0 || reborn.slot != gone.slot {
+		t.Fatalf("a removed endpoint's dispatch wrote %d entries (slots %d, %d)", pool.PrefixIndex().Len(), reborn.slot, gone.slot)
+	}
+	moved := pool.Add("p9", "10.0.1.1:8000")
+	if moved == ep || moved.Address != "10.0.1.1:8000" || pool.Endpoint("p9") != moved {
 		t.Fatal("a new address did not make a new endpoint")
 	}
 }
