@@ -409,10 +409,11 @@ func sortRing(r []ringPoint) {
 // pods for the model; ejected clusters are left out (unless every
 // candidate is ejected: then they are returned as a last resort), and a
 // readmitted cluster still on its ramp takes its current share of requests
-// and sits behind the others for the rest. Among the rest, by score; the
-// primary is then chosen among the near-best (within the prefix-affinity
-// spread) by consistent hashing with bounded loads on req.PrefixHash, or as
-// the least loaded relative to ready pods when there is no prefix.
+// and sits behind the others for the rest. The primary is chosen among the
+// near-best (within the prefix-affinity spread) by consistent hashing with
+// bounded loads on req.PrefixHash, or as the least loaded relative to ready
+// pods when there is no prefix. The first fallback is the best cluster of
+// another Region; the rest follow by score.
 //
 // dst's capacity is reused: with room for MaxTargets targets (a per-request
 // array, say) Select does not allocate.
@@ -475,13 +476,30 @@ func (f *Fleet) Select(dst []Target, req Request) []Target {
 	if top == rankEjected {
 		last = rankEjected
 	}
+	// The first fallback is the best cluster of another Region, if there is
+	// one: failures within a Region are correlated (a Region outage, a
+	// network partition), so a second attempt there is the likeliest to
+	// fail too, and every wasted attempt costs a timeout and retry budget.
 	dst = append(dst, mv.target(uint16(home)))
+	homeRegion := mv.cands[home].c.Region
+	other := -1
+	for r := top; r <= last && other < 0; r++ {
+		for _, i := range mv.order {
+			if ranks[i] == r && mv.cands[i].c.Region != homeRegion {
+				other = int(i)
+				break
+			}
+		}
+	}
+	if other >= 0 && len(dst) < v.maxTargets {
+		dst = append(dst, mv.target(uint16(other)))
+	}
 	for r := top; r <= last && len(dst) < v.maxTargets; r++ {
 		for _, i := range mv.order {
 			if len(dst) >= v.maxTargets {
 				break
 			}
-			if ranks[i] == r && int(i) != home {
+			if ranks[i] == r && int(i) != home && int(i) != other {
 				dst = append(dst, mv.target(i))
 			}
 		}

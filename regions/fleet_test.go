@@ -60,6 +60,14 @@ func TestSelectPrefersNearRegion(t *testing.T) {
 		if fmt.Sprint(names(got)) != "[use1-a euw1-a]" {
 			t.Fatalf("Select = %v, want the local cluster first and the remote one as fallback", names(got))
 		}
+		// The first fallback is in another Region: failures within a
+		// Region are correlated.
+		f3 := newFleet(t, Config{RTTs: []RegionRTT{{"us-east-1", "eu-west-1", 80 * time.Millisecond}}},
+			pool("eu-west-1", "euw1-a", "llama"), pool("us-east-1", "use1-a", "llama"), pool("us-east-1", "use1-b", "llama"))
+		if got := fmt.Sprint(names(f3.Select(nil, Request{Model: "llama"}))); got != "[use1-a euw1-a use1-b]" {
+			t.Errorf("Select = %v, want [use1-a euw1-a use1-b]", got)
+		}
+
 		// Prefix affinity never trades proximity for a distant home.
 		for p := range uint64(500) {
 			if got := f.Select(nil, Request{Model: "llama", PrefixHash: p*0x9E3779B97F4A7C15 | 1}); got[0].Cluster != "use1-a" {
@@ -679,5 +687,79 @@ func TestOwnErrorRateLowersScore(t *testing.T) {
 		if got[0].Cluster != "b" || got[1].Score >= got[0].Score {
 			t.Errorf("after 30%% own failures on a: %v (scores %.3f, %.3f), want b first", names(got), got[0].Score, got[1].Score)
 		}
+	})
+}
+
+// TestRegionOutageFailover drives 200 requests/s through Select, failover
+// and the retry budget while every cluster of the local Region fails (connect
+// errors before the first byte) after a second of normal traffic. No
+// request may fail while the other Region serves, and within 100 ms new
+// requests must stop choosing the dead Region as primary, except the
+// readmission probes after each ejection.
+func TestRegionOutageFailover(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var ds []Digest
+		for _, c := range []struct{ region, name string }{
+			{"us-east-1", "use1-a"}, {"us-east-1", "use1-b"}, {"eu-west-1", "euw1-a"}, {"eu-west-1", "euw1-b"},
+		} {
+			ds = append(ds, pool(c.region, c.name, "llama"))
+		}
+		f := newFleet(t, Config{RTTs: []RegionRTT{{"us-east-1", "eu-west-1", 80 * time.Millisecond}}}, ds...)
+		refresh := func() { // the feeds keep digests fresh (a dead Tier-1's feed would stop)
+			for _, d := range ds {
+				d.Produced, d.Version = time.Now(), uint64(time.Now().UnixNano())
+				f.Digests().Put(d)
+			}
+		}
+		outage := false
+		dead := func(region string) bool { return outage && region == "us-east-1" }
+		var failed, deadPrimaries, probes int
+		buf := make([]Target, 0, 3)
+		var start time.Time
+		for i := range 2200 { // 1 s healthy, then 10 s of outage, at 200 requests/s
+			if i%100 == 0 {
+				refresh()
+			}
+			if i == 200 {
+				outage, start = true, time.Now()
+			}
+			elapsed := time.Since(start)
+			f.Retries().Request()
+			ts := f.Select(buf, Request{Model: "llama", PrefixHash: uint64(i)*0x9E3779B97F4A7C15 | 1})
+			if dead(ts[0].Region) && outage && elapsed > 100*time.Millisecond {
+				if st := f.Status(); st[2].ReadmitShare < 1 || st[3].ReadmitShare < 1 {
+					probes++ // a readmitted cluster's share
+				} else {
+					deadPrimaries++
+				}
+			}
+			served := false
+			for j, tg := range ts {
+				if j > 0 && !f.Retries().Retry() {
+					break
+				}
+				f.Begin(tg)
+				if dead(tg.Region) {
+					f.End(tg, Failure)
+					continue
+				}
+				f.End(tg, Success)
+				served = true
+				break
+			}
+			if !served {
+				failed++
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if failed != 0 {
+			t.Errorf("%d requests failed although eu-west-1 was healthy", failed)
+		}
+		if deadPrimaries != 0 {
+			t.Errorf("%d requests chose the dead Region as primary after 100 ms outside readmission probes", deadPrimaries)
+		}
+		st := f.Status()
+		t.Logf("readmission probes to the dead Region over 10 s: %d of 2000 requests; ejections of use1-a, use1-b: %d, %d",
+			probes, st[2].Ejections, st[3].Ejections)
 	})
 }
