@@ -36,6 +36,9 @@ type Request struct {
 	// the chained block hash after the first few blocks); requests with
 	// equal PrefixHash share a home cluster. Zero means no prefix affinity.
 	PrefixHash uint64
+	// Clusters, when not empty, restricts the choice to clusters with these
+	// names (a rewrite target pinned to some clusters).
+	Clusters []string
 }
 
 // Target is one cluster chosen for a request.
@@ -71,7 +74,7 @@ const (
 	rankReady     rank = iota
 	rankProbation      // readmitted, not given this request
 	rankEjected        // used only when nothing else is left
-	rankStale          // digest expired since the view was built
+	rankStale          // not a candidate: digest expired, or excluded by the request
 )
 
 // maxCandidates bounds the clusters considered for one model; it keeps
@@ -429,7 +432,7 @@ func (f *Fleet) Select(dst []Target, req Request) []Target {
 	var counts [rankEjected + 1]int
 	for i := range mv.cands {
 		cd := &mv.cands[i]
-		if now >= cd.expires {
+		if now >= cd.expires || (len(req.Clusters) > 0 && !slices.Contains(req.Clusters, cd.c.Name)) {
 			ranks[i] = rankStale
 			continue
 		}

@@ -146,6 +146,14 @@ func TestSelectCandidates(t *testing.T) {
 			}
 		}
 
+		// A request restricted to some clusters gets only those.
+		if got := fmt.Sprint(names(f.Select(nil, Request{Model: "mistral", Clusters: []string{"lora"}}))); got != "[]" {
+			t.Errorf("Select(mistral, only lora) = %v, want []", got)
+		}
+		if got := fmt.Sprint(names(f.Select(nil, Request{Model: "llama", Clusters: []string{"x", "lora"}}))); got != "[lora]" {
+			t.Errorf("Select(llama, only x or lora) = %v, want [lora]", got)
+		}
+
 		// A digest that is not refreshed stops its cluster being chosen.
 		time.Sleep(5*time.Second + time.Nanosecond)
 		if got := f.Select(nil, Request{Model: "llama"}); len(got) != 0 {
