@@ -133,11 +133,11 @@ type parser struct {
 	out Body
 	buf []byte // scratch for decoding strings
 
-	// Where the prompt fields were found; they are decoded after the whole
-	// body is known to be valid so that the last duplicate wins cheaply.
-	promptAt, messagesAt int
-	hasPrompt, hasMsgs   bool
-	hasModel             bool
+	// Which prompt fields were present and their type errors, reported
+	// only for the field that decides the kind (messages over prompt).
+	hasPrompt, hasMsgs bool
+	promptErr, msgErr  error
+	hasModel           bool
 }
 
 func malformed(err error) error {
@@ -191,11 +191,15 @@ func (p *parser) body() error {
 			}
 			return nil
 		case "prompt":
-			p.promptAt, p.hasPrompt = s.i, true
-			return s.skip()
+			p.hasPrompt = true
+			p.out.Prompt, p.out.TokenIDs = "", nil
+			p.promptErr = p.field(p.prompt)
+			return p.syntaxOnly(p.promptErr)
 		case "messages":
-			p.messagesAt, p.hasMsgs = s.i, true
-			return s.skip()
+			p.hasMsgs = true
+			p.out.Messages = nil
+			p.msgErr = p.field(p.messages)
+			return p.syntaxOnly(p.msgErr)
 		}
 		return s.skip()
 	})
@@ -214,14 +218,43 @@ func (p *parser) body() error {
 	switch {
 	case p.hasMsgs:
 		p.out.Kind = Chat
-		s.i = p.messagesAt
-		return p.messages()
+		p.out.Prompt, p.out.TokenIDs = "", nil // a chat has no completion prompt
+		if p.msgErr != nil {
+			return fmt.Errorf("request: %w", p.msgErr)
+		}
+		return nil
 	case p.hasPrompt:
 		p.out.Kind = Completion
-		s.i = p.promptAt
-		return p.prompt()
+		if p.promptErr != nil {
+			return fmt.Errorf("request: %w", p.promptErr)
+		}
+		return nil
 	}
 	return fmt.Errorf("request: %w: the body has neither \"prompt\" nor \"messages\"", ErrPromptType)
+}
+
+// field decodes a prompt field with decode. A type error is returned for
+// later (the field may lose to another one) after the value has been
+// skipped, so that the rest of the body is still checked.
+func (p *parser) field(decode func() error) error {
+	start := p.s.i
+	err := decode()
+	if err == nil || errors.Is(err, errSyntax) {
+		return err
+	}
+	p.s.i = start
+	if serr := p.s.skip(); serr != nil {
+		return serr
+	}
+	return err
+}
+
+// syntaxOnly passes syntax errors on and keeps type errors for the end.
+func (p *parser) syntaxOnly(err error) error {
+	if err != nil && errors.Is(err, errSyntax) {
+		return err
+	}
+	return nil
 }
 
 // string decodes a string value into a new Go string.
@@ -260,23 +293,23 @@ func (p *parser) prompt() error {
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("request: %w", err)
+			return err
 		}
 		if p.out.TokenIDs == nil {
 			p.out.TokenIDs = []int64{}
 		}
 		return nil
 	}
-	return fmt.Errorf("request: %w: \"prompt\" must be a string or an array of token ids", ErrPromptType)
+	return fmt.Errorf("%w: \"prompt\" must be a string or an array of token ids", ErrPromptType)
 }
 
 func (p *parser) messages() error {
 	s := &p.s
 	if s.peek() != '[' {
-		return fmt.Errorf("request: %w: \"messages\" must be an array", ErrPromptType)
+		return fmt.Errorf("%w: \"messages\" must be an array", ErrPromptType)
 	}
 	p.out.Messages = []Message{}
-	err := s.array(func() error {
+	return s.array(func() error {
 		n := len(p.out.Messages)
 		if s.peek() != '{' {
 			return fmt.Errorf("%w: messages[%d] must be an object", ErrPromptType, n)
@@ -303,10 +336,6 @@ func (p *parser) messages() error {
 		p.out.Messages = append(p.out.Messages, m)
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("request: %w", err)
-	}
-	return nil
 }
 
 func (p *parser) content(m *Message, n int) error {

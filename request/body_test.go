@@ -233,3 +233,21 @@ func TestAppendPromptTextIgnoresSpelling(t *testing.T) {
 		t.Fatal("different roles gave the same text")
 	}
 }
+
+// TestParsePromptTypeErrorsFollowTheWinningField: a type error counts only
+// for the field that decides the kind, and the rest of the body is still
+// checked after one.
+func TestParsePromptTypeErrorsFollowTheWinningField(t *testing.T) {
+	if _, err := Parse([]byte(`{"model":"m","prompt":{"x":1},"messages":[]}`), 0); err != nil {
+		t.Fatalf("bad prompt with good messages: %v", err)
+	}
+	if _, err := Parse([]byte(`{"model":"m","messages":[{"content":3}],"prompt":"p"}`), 0); !errors.Is(err, ErrPromptType) {
+		t.Fatalf("bad messages: %v, want ErrPromptType", err)
+	}
+	if _, err := Parse([]byte(`{"model":"m","prompt":{"x":1},"messages":[],"y":tru}`), 0); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("syntax error after a bad prompt: %v, want ErrMalformed", err)
+	}
+	if _, err := Parse([]byte(`{"model":"m","messages":[{"content":[1,{"a":}]}]}`), 0); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("syntax error inside a badly typed content: %v, want ErrMalformed", err)
+	}
+}

@@ -12,6 +12,15 @@ import (
 // body from growing the stack without limit.
 const maxDepth = 512
 
+// plainByte marks the bytes a string's fast path passes over: printable
+// ASCII other than the quote and the backslash.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
 // errSyntax is wrapped by every syntax error so callers can classify them
 // as ErrMalformed without matching text.
 var errSyntax = errors.New("invalid JSON")
@@ -249,16 +258,12 @@ func (s *scanner) scanString(dst []byte, decode bool) (v []byte, decoded bool, e
 	}
 	start := s.i
 	// Fast path: plain ASCII without escapes.
-	for s.i < len(s.b) {
-		c := s.b[s.i]
-		if c == '"' {
-			s.i++
-			return s.b[start : s.i-1], false, nil
-		}
-		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
-			break
-		}
+	for s.i < len(s.b) && plainByte[s.b[s.i]] {
 		s.i++
+	}
+	if s.i < len(s.b) && s.b[s.i] == '"' {
+		s.i++
+		return s.b[start : s.i-1], false, nil
 	}
 	if decode {
 		dst = append(dst, s.b[start:s.i]...)
