@@ -1,0 +1,116 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/meridian-router/meridian/config"
+)
+
+func TestRunSyncsEveryIntervalAndLeaves(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, err := New(DefaultConfig("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := New(DefaultConfig("b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tenants := map[string]*config.Tenant{"acme": tenantWith(config.TenantLimit{Requests: rate(600, time.Second, 0)})}
+		for _, l := range []*Limiter{a, b} {
+			if err := l.Update(tenants); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var mu sync.Mutex
+		var published int
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() {
+			done <- a.Run(ctx, func(p []byte) {
+				mu.Lock()
+				published++
+				mu.Unlock()
+				b.Merge("a", p)
+			})
+		}()
+
+		time.Sleep(350 * time.Millisecond)
+		synctest.Wait()
+		mu.Lock()
+		if published != 3 {
+			t.Errorf("published %d payloads in 350ms at a 100ms interval, want 3", published)
+		}
+		mu.Unlock()
+		if ps := b.Peers(); len(ps) != 1 || ps[0].Instance != "a" || !ps[0].Live {
+			t.Fatalf("b's peers %+v, want a, live", ps)
+		}
+
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run returned %v, want context.Canceled", err)
+		}
+		if ps := b.Peers(); len(ps) != 1 || !ps[0].Leaving || ps[0].Live {
+			t.Fatalf("after a's Run ended, b's peers %+v, want a leaving", ps)
+		}
+	})
+}
+
+func TestStaleAndExpiredPeers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig("a")
+		a, errA := New(cfg)
+		b, errB := New(DefaultConfig("b"))
+		if err := errors.Join(errA, errB); err != nil {
+			t.Fatal(err)
+		}
+		tenants := map[string]*config.Tenant{"acme": tenantWith(config.TenantLimit{Requests: rate(100, time.Second, 0)})}
+		if err := errors.Join(a.Update(tenants), b.Update(tenants)); err != nil {
+			t.Fatal(err)
+		}
+		// b has all the demand; a none.
+		for range 50 {
+			b.Allow(Request{Tenant: "acme"})
+		}
+		a.Merge("b", b.Sync())
+		a.Sync()
+		share := func() float64 {
+			t := (*a.tenants.Load())["acme"]
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			return t.all[0].share
+		}
+		fresh := share()
+		cases := []struct {
+			after     time.Duration
+			wantHeld  bool
+			wantLive  bool
+			wantShare func(float64) bool
+		}{
+			{cfg.StaleAfter / 2, false, true, func(s float64) bool { return s == fresh }},
+			// Held: b keeps the share it had, so a's stays what it was
+			// (never below MinShare).
+			{cfg.StaleAfter, true, true, func(s float64) bool { return math.Abs(s-math.Max(fresh, cfg.MinShare)) < 1e-12 }},
+			// Expired: a is alone.
+			{cfg.PeerTimeout, false, false, func(s float64) bool { return s == 1 }},
+		}
+		start := time.Now()
+		for _, tc := range cases {
+			time.Sleep(time.Until(start.Add(tc.after)) + time.Millisecond)
+			a.Sync()
+			ps := a.Peers()
+			if len(ps) != 1 || ps[0].Held != tc.wantHeld || ps[0].Live != tc.wantLive {
+				t.Fatalf("after %v: peers %+v, want held=%v live=%v", tc.after, ps, tc.wantHeld, tc.wantLive)
+			}
+			if s := share(); !tc.wantShare(s) {
+				t.Fatalf("after %v: a's share %v (fresh: %v)", tc.after, s, fresh)
+			}
+		}
+	})
+}
