@@ -113,8 +113,8 @@ func Endpoints(s *config.Snapshot, cluster string, pods []Pod) map[string][]Targ
 // selection is one label selector and where it finds pods.
 type selection struct {
 	labels    map[string]string
-	namespace string // "" = any
-	ports     []int
+	namespace string   // "" = any
+	ports     []string // decimal, formatted once per call
 }
 
 // schedulerTargets returns one scheduler's targets among live pods (Ready,
@@ -126,7 +126,7 @@ func schedulerTargets(s *config.Snapshot, cluster string, sc config.Scheduler, l
 		if port == 0 {
 			port = DefaultTargetPort
 		}
-		sels = []selection{{labels: sc.ModelSelector.MatchLabels, ports: []int{port}}}
+		sels = []selection{{labels: sc.ModelSelector.MatchLabels, ports: []string{strconv.Itoa(port)}}}
 	}
 
 	targets := []Target{}
@@ -138,8 +138,7 @@ func schedulerTargets(s *config.Snapshot, cluster string, sc config.Scheduler, l
 			if !config.MatchLabels(sel.labels, p.Labels) {
 				continue
 			}
-			for _, port := range sel.ports {
-				ps := strconv.Itoa(port)
+			for _, ps := range sel.ports {
 				targets = append(targets, Target{
 					ID:      p.Namespace + "/" + p.Name + ":" + ps,
 					Address: net.JoinHostPort(p.IP, ps),
@@ -169,9 +168,9 @@ func poolSelections(s *config.Snapshot, sc config.Scheduler) []selection {
 		if name != sc.Name && !sameLabels(p.Spec.Selector.MatchLabels, sc.ModelSelector.MatchLabels) {
 			continue
 		}
-		ports := make([]int, 0, len(p.Spec.TargetPorts))
+		ports := make([]string, 0, len(p.Spec.TargetPorts))
 		for _, tp := range p.Spec.TargetPorts {
-			ports = append(ports, tp.Number)
+			ports = append(ports, strconv.Itoa(tp.Number))
 		}
 		sels = append(sels, selection{
 			labels:    p.Spec.Selector.MatchLabels,
