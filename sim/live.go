@@ -162,7 +162,10 @@ func StartPod(ctx context.Context, spec PodSpec, port int) (*LivePod, error) {
 	}
 	go lp.drive(dctx)
 	go lp.srv.Serve(ln)
-	lp.unhook = context.AfterFunc(ctx, func() { lp.Close() })
+	unhook := context.AfterFunc(ctx, func() { lp.Close() })
+	lp.mu.Lock() // the hook may already be running Close
+	lp.unhook = unhook
+	lp.mu.Unlock()
 	return lp, nil
 }
 
@@ -245,7 +248,12 @@ func (lp *LivePod) SetFaults(f Faults) error {
 func (lp *LivePod) Close() error {
 	var err error
 	lp.closeOnce.Do(func() {
-		lp.unhook()
+		lp.mu.Lock()
+		unhook := lp.unhook
+		lp.mu.Unlock()
+		if unhook != nil {
+			unhook()
+		}
 		lp.stop()
 		err = lp.srv.Close()
 		<-lp.driven
