@@ -183,3 +183,28 @@ func TestKeyRotationFromURL(t *testing.T) {
 		t.Fatalf("%d JWKS fetches for unknown kids within the refresh interval", fetches-before)
 	}
 }
+
+// Cached verifications never outlive the token, and only the exact token
+// bytes hit the cache.
+func TestVerificationCacheHonoursExpiry(t *testing.T) {
+	_, ecK, _ := newKeys(t)
+	now := authNow
+	a := NewAuthenticator(jwtCfg, StaticKeySet(jwk(ecK)), 0, func() time.Time { return now })
+	claims := goodClaims()
+	claims["exp"] = authNow.Add(30 * time.Second).Unix()
+	tok := "Bearer " + sign(t, ecK, claims)
+	if _, err := a.Authenticate(t.Context(), tok); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.cached(strings.TrimPrefix(tok, "Bearer ")); !ok {
+		t.Fatal("a verified token is not cached")
+	}
+	tampered := tok[:len(tok)-2] + "AA"
+	if _, err := a.Authenticate(t.Context(), tampered); err == nil {
+		t.Fatal("a tampered token was accepted")
+	}
+	now = authNow.Add(31 * time.Second)
+	if _, err := a.Authenticate(t.Context(), tok); err == nil || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("after expiry: %v, want token expired", err)
+	}
+}

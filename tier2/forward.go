@@ -200,7 +200,9 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call) int 
 		return resp.StatusCode
 	}
 	// Server-sent events: one event at a time, flushed at once.
-	br := bufio.NewReaderSize(resp.Body, 32<<10)
+	br := r.readers.Get().(*bufio.Reader)
+	br.Reset(resp.Body)
+	defer func() { br.Reset(nil); r.readers.Put(br) }()
 	used := int64(0)
 	for {
 		line, err := br.ReadSlice('\n')

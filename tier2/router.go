@@ -11,6 +11,7 @@
 package tier2
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -65,11 +66,12 @@ type Config struct {
 
 // Router serves the front door. Apply swaps its configuration.
 type Router struct {
-	cfg  Config
-	log  *slog.Logger
-	m    *Metrics
-	snap atomic.Pointer[state]
-	bufs sync.Pool
+	cfg     Config
+	log     *slog.Logger
+	m       *Metrics
+	snap    atomic.Pointer[state]
+	bufs    sync.Pool
+	readers sync.Pool // *bufio.Reader of 32 KiB for relaying event streams
 }
 
 // state is one configuration's derived routing state.
@@ -111,6 +113,7 @@ func NewRouter(cfg Config, snap *config.Snapshot) (*Router, error) {
 	}
 	r := &Router{cfg: cfg, log: cfg.Logger, m: cfg.Metrics}
 	r.bufs.New = func() any { return new([32 << 10]byte) }
+	r.readers.New = func() any { return bufio.NewReaderSize(nil, 32<<10) }
 	if err := r.Apply(snap); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,382 @@
+// Command latency measures what Meridian's tiers add to a request, in
+// separate processes on loopback: simulated model-server pods (meridian
+// sim), a Tier-1 proxy (meridian tier1), a Tier-2 front door with JWT auth
+// in front of it (meridian tier2) and, for comparison, nginx as a plain
+// reverse proxy in front of the same Tier-1. Each run drives every path in
+// turn with the same closed-loop load (N concurrent streams) and reports
+// time to first byte and throughput; the summary gives medians over runs
+// and each path's added latency over calling the pods directly in the same
+// run.
+//
+//	go build -o /tmp/meridian ./cmd/meridian
+//	go run ./bench/latency --meridian /tmp/meridian --runs 5 --duration 8s
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+var (
+	meridianBin = flag.String("meridian", "", "path to a built meridian binary (required)")
+	nginxBin    = flag.String("nginx", "/usr/sbin/nginx", "path to nginx (skipped when absent)")
+	concurrency = flag.Int("concurrency", 64, "concurrent streams")
+	duration    = flag.Duration("duration", 8*time.Second, "load per path per run")
+	runs        = flag.Int("runs", 5, "runs (medians are over runs)")
+	promptBytes = flag.Int("prompt-bytes", 200, "prompt size in bytes (e.g. 225280 for the 220 KB case)")
+	maxTokens   = flag.Int("max-tokens", 16, "output tokens per request")
+	pods        = flag.Int("pods", 4, "simulated pods")
+	timeScale   = flag.Float64("time-scale", 1000, "simulated model seconds per wall-clock second (high: the pods answer at once)")
+	paths       = flag.String("paths", "direct,tier1,tier2,nginx", "paths to measure")
+)
+
+func main() {
+	flag.Parse()
+	log.SetFlags(0)
+	if *meridianBin == "" {
+		log.Fatal("--meridian is required: go build -o /tmp/meridian ./cmd/meridian")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir, err := os.MkdirTemp("", "meridian-bench-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+
+	podPort := freePort()
+	t1, t1health, t2 := freeAddr(), freeAddr(), freeAddr()
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			p.Process.Signal(os.Interrupt)
+			p.Wait()
+		}
+	}()
+	start := func(name string, args ...string) {
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+		if err := cmd.Start(); err != nil {
+			log.Fatalf("start %s: %v", name, err)
+		}
+		procs = append(procs, cmd)
+	}
+	start(*meridianBin, "sim", "--profile", "h100", "--model", "bench", "--pods", fmt.Sprint(*pods),
+		"--port", fmt.Sprint(podPort), "--time-scale", fmt.Sprint(*timeScale), "--labels", "pool=bench",
+		"--endpoints-out", filepath.Join(dir, "pods.yaml"))
+	podAddrs := make([]string, *pods)
+	for i := range podAddrs {
+		podAddrs[i] = fmt.Sprintf("127.0.0.1:%d", podPort+i)
+	}
+	waitHTTP("http://" + podAddrs[len(podAddrs)-1] + "/health")
+	token := writeConfig(dir, t1, t1health)
+	start(*meridianBin, "tier1", "--config", dir, "--listen", t1, "--health", t1health, "--metrics", "")
+	waitHTTP("http://" + t1 + "/readyz")
+	start(*meridianBin, "tier2", "--config", dir, "--region", "bench", "--name", "bench", "--listen", t2, "--metrics", "", "--subscribe-all")
+	waitHTTP("http://" + t2 + "/readyz")
+
+	targets := map[string]string{"tier1": "http://" + t1, "tier2": "http://" + t2}
+	if _, err := os.Stat(*nginxBin); err == nil && strings.Contains(*paths, "nginx") {
+		ng := freeAddr()
+		startNginx(ctx, dir, ng, t1, &procs)
+		waitHTTP("http://" + ng + "/healthz")
+		targets["nginx"] = "http://" + ng
+	}
+	order := strings.Split(*paths, ",")
+	results := map[string][]result{}
+	body := requestBody()
+	for r := 0; r < *runs; r++ {
+		for _, p := range order {
+			var urls []string
+			switch p {
+			case "direct":
+				for _, a := range podAddrs {
+					urls = append(urls, "http://"+a)
+				}
+			default:
+				u, ok := targets[p]
+				if !ok {
+					continue
+				}
+				urls = []string{u}
+			}
+			hdr := http.Header{"Content-Type": {"application/json"}}
+			if p == "tier2" {
+				hdr.Set("Authorization", "Bearer "+token)
+			}
+			res := load(urls, hdr, body)
+			results[p] = append(results[p], res)
+			fmt.Fprintf(os.Stderr, "run %d %-7s %7.0f req/s  ttfb p50 %6.2f ms  p99 %6.2f ms  errors %d\n",
+				r+1, p, res.rps, ms(res.p50), ms(res.p99), res.errors)
+		}
+	}
+	report(order, results)
+}
+
+type result struct {
+	rps      float64
+	p50, p99 time.Duration
+	errors   int64
+}
+
+func requestBody() []byte {
+	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", *promptBytes/45+1)[:*promptBytes]
+	b, _ := json.Marshal(map[string]any{"model": "bench", "stream": true, "max_tokens": *maxTokens,
+		"messages": []map[string]string{{"role": "user", "content": prompt}}})
+	return b
+}
+
+// load runs the closed loop against urls (round robin) and measures time
+// to first byte of each streamed response.
+func load(urls []string, hdr http.Header, body []byte) result {
+	tr := &http.Transport{MaxIdleConnsPerHost: *concurrency * 2, MaxIdleConns: *concurrency * 4, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 60 * time.Second}
+	var mu sync.Mutex
+	var ttfb []time.Duration
+	var errs, done atomic.Int64
+	deadline := time.Now().Add(*duration)
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for w := 0; w < *concurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			local := make([]time.Duration, 0, 1024)
+			buf := make([]byte, 32<<10)
+			for time.Now().Before(deadline) {
+				u := urls[int(next.Add(1))%len(urls)]
+				req, _ := http.NewRequest(http.MethodPost, u+"/v1/chat/completions", bytes.NewReader(body))
+				req.Header = hdr.Clone()
+				t0 := time.Now()
+				resp, err := client.Do(req)
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				n, rerr := resp.Body.Read(buf)
+				first := time.Since(t0)
+				if n == 0 && rerr != nil || resp.StatusCode != http.StatusOK {
+					errs.Add(1)
+				} else {
+					local = append(local, first)
+					done.Add(1)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			mu.Lock()
+			ttfb = append(ttfb, local...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.Sort(ttfb)
+	q := func(p float64) time.Duration {
+		if len(ttfb) == 0 {
+			return 0
+		}
+		return ttfb[int(float64(len(ttfb)-1)*p)]
+	}
+	return result{rps: float64(done.Load()) / duration.Seconds(), p50: q(0.5), p99: q(0.99), errors: errs.Load()}
+}
+
+func report(order []string, results map[string][]result) {
+	med := func(xs []float64) float64 {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		if len(s) == 0 {
+			return 0
+		}
+		return s[len(s)/2]
+	}
+	fmt.Printf("\n%d concurrent streams, %d-byte prompts, %d output tokens, %d runs × %s per path; medians over runs.\n\n",
+		*concurrency, *promptBytes, *maxTokens, *runs, *duration)
+	fmt.Println("| path | req/s | TTFB p50 (ms) | TTFB p99 (ms) | added p50 (ms) | added p99 (ms) | req/s ÷ nginx |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+	direct := results["direct"]
+	nginx := results["nginx"]
+	for _, p := range order {
+		rs := results[p]
+		if len(rs) == 0 {
+			continue
+		}
+		var rps, p50, p99, a50, a99, ratio []float64
+		for i, r := range rs {
+			rps = append(rps, r.rps)
+			p50 = append(p50, ms(r.p50))
+			p99 = append(p99, ms(r.p99))
+			if i < len(direct) {
+				a50 = append(a50, ms(r.p50)-ms(direct[i].p50))
+				a99 = append(a99, ms(r.p99)-ms(direct[i].p99))
+			}
+			if i < len(nginx) && nginx[i].rps > 0 {
+				ratio = append(ratio, r.rps/nginx[i].rps)
+			}
+		}
+		ra := "—"
+		if len(ratio) > 0 {
+			ra = fmt.Sprintf("%.2f", med(ratio))
+		}
+		fmt.Printf("| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s |\n", p, med(rps), med(p50), med(p99), med(a50), med(a99), ra)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func writeConfig(dir, t1, t1health string) string {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		log.Fatal(err)
+	}
+	jwks, _ := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: key.Public(), KeyID: "bench", Algorithm: "ES256", Use: "sig"}}})
+	must(os.WriteFile(filepath.Join(dir, "jwks.json"), jwks, 0o644))
+	cfg := fmt.Sprintf(`apiVersion: meridian.dev/v1alpha1
+kind: Topology
+metadata: {name: bench}
+spec:
+  regions:
+  - name: bench
+    clusters: [{name: bench, tier1: "http://%s", health: %q}]
+---
+apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: bench}
+spec:
+  region: bench
+  cluster: bench
+  auth:
+    jwt:
+      issuer: bench
+      audiences: [meridian]
+      jwksFile: jwks.json
+  schedulers:
+  - name: bench
+    modelName: bench
+    modelSelector: {matchLabels: {pool: bench}}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: bench}
+spec:
+  limits:
+    requests: {limit: 100000000, per: 1m}
+    tokens: {limit: 100000000000, per: 1m}
+`, t1, t1health)
+	must(os.WriteFile(filepath.Join(dir, "platform.yaml"), []byte(cfg), 0o644))
+	tok := jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{"iss": "bench", "aud": "meridian", "sub": "bench",
+		"tenant": "bench", "iat": time.Now().Unix(), "exp": time.Now().Add(24 * time.Hour).Unix()})
+	tok.Header["kid"] = "bench"
+	s, err := tok.SignedString(key)
+	must(err)
+	return s
+}
+
+func startNginx(ctx context.Context, dir, listen, upstream string, procs *[]*exec.Cmd) {
+	conf := fmt.Sprintf(`worker_processes auto;
+daemon off;
+pid %[1]s/nginx.pid;
+error_log %[1]s/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  client_max_body_size 8m;
+  upstream tier1 { server %[3]s; keepalive 256; }
+  server {
+    listen %[2]s;
+    location / {
+      proxy_pass http://tier1;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }
+  }
+}
+`, dir, listen, upstream)
+	path := filepath.Join(dir, "nginx.conf")
+	must(os.WriteFile(path, []byte(conf), 0o644))
+	cmd := exec.CommandContext(ctx, *nginxBin, "-c", path, "-p", dir, "-e", filepath.Join(dir, "nginx-error.log"))
+	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+	must(cmd.Start())
+	*procs = append(*procs, cmd)
+}
+
+func waitHTTP(url string) {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	log.Fatalf("%s not ready after 30s", url)
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// freePort returns a port p such that p..p+pods-1 were free.
+func freePort() int {
+	for try := 0; try < 50; try++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		must(err)
+		p := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		ok := true
+		for i := 1; i < *pods; i++ {
+			l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+i))
+			if err != nil {
+				ok = false
+				break
+			}
+			l2.Close()
+		}
+		if ok {
+			return p
+		}
+	}
+	log.Fatal("no run of free ports")
+	return 0
+}
+
+func must(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}
