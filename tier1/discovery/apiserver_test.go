@@ -44,6 +44,8 @@ type apiServer struct {
 	lists      int           // plain list requests
 	watchLists int           // watch requests with sendInitialEvents=true
 	forbidden  string        // when set, every request is refused as this service account's
+	compacted  int           // watches from a resourceVersion below this get 410 Gone
+	kick       chan struct{} // closed to end every open watch stream
 }
 
 type watchRecord struct {
@@ -58,6 +60,7 @@ func startAPIServer(t *testing.T, pods ...corev1.Pod) *apiServer {
 		stop:    make(chan struct{}),
 		pods:    map[string]corev1.Pod{},
 		changed: make(chan struct{}),
+		kick:    make(chan struct{}),
 	}
 	for _, p := range pods {
 		a.apply(p)
@@ -91,6 +94,30 @@ func (a *apiServer) forbid(serviceAccount string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.forbidden = serviceAccount
+}
+
+// permit undoes forbid.
+func (a *apiServer) permit() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.forbidden = ""
+}
+
+// breakWatches ends every open watch stream, as an API-server restart or a
+// load balancer's idle timeout does.
+func (a *apiServer) breakWatches() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	close(a.kick)
+	a.kick = make(chan struct{})
+}
+
+// compact forgets the change history: a watch from any resourceVersion
+// before now gets 410 Gone, and the client must list again.
+func (a *apiServer) compact() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.compacted = a.rv
 }
 
 func (a *apiServer) counts() (lists, watchLists int) {
@@ -224,11 +251,17 @@ func (a *apiServer) watch(w http.ResponseWriter, r *http.Request, ns string, sel
 			writeStatus(w, http.StatusBadRequest, "BadRequest", fmt.Sprintf("resourceVersion %q", from))
 			return
 		}
+		if rv < a.compacted {
+			a.mu.Unlock()
+			writeStatus(w, http.StatusGone, "Expired", fmt.Sprintf("too old resource version: %d (%d)", rv, a.compacted))
+			return
+		}
 		// history[i] is at resourceVersion i+1 (after the pods the
 		// server started with, every change bumps it by one).
 		next = rv
 	}
 	bookmarkRV := a.rv
+	kick := a.kick
 	a.mu.Unlock()
 
 	w.Header().Set("Content-Type", "application/json")
@@ -275,6 +308,8 @@ func (a *apiServer) watch(w http.ResponseWriter, r *http.Request, ns string, sel
 		case <-r.Context().Done():
 			return
 		case <-a.stop:
+			return
+		case <-kick:
 			return
 		}
 	}

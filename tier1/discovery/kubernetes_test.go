@@ -236,6 +236,52 @@ func TestKubernetesPodLifecycle(t *testing.T) {
 	}
 }
 
+// TestKubernetesRecovers cuts the watch, refuses the informer for a while,
+// and changes pods meanwhile with the history compacted, so the informer
+// must list again: pods deleted while it was away must disappear (they
+// come back as client-go tombstones) and new ones appear.
+func TestKubernetesRecovers(t *testing.T) {
+	for _, mode := range []struct {
+		name      string
+		watchList bool
+	}{{"watch-list", true}, {"list-then-watch", false}} {
+		t.Run(mode.name, func(t *testing.T) {
+			clientfeaturestesting.SetFeatureDuringTest(t, clientfeatures.WatchListClient, mode.watchList)
+			noLeaks(t)
+			a := startAPIServer(t,
+				k8sPod("ns", "a", "10.0.0.1", true, chat()),
+				k8sPod("ns", "b", "10.0.0.2", true, chat()),
+			)
+			logged := newLockedBuffer()
+			k := &Kubernetes{Client: clientFor(t, a), Namespace: "ns", Logger: slog.New(slog.NewTextHandler(logged, nil))}
+			w := startWatcher(t, k)
+			w.expect(t, "initial set", "ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 ready pool=chat")
+
+			lists0, watchLists0 := a.counts()
+			a.forbid("tier1")
+			a.breakWatches()
+			select {
+			case <-logged.wrote: // the informer's retry was refused
+			case <-time.After(deadline):
+				t.Fatalf("no refused retry logged within %v", deadline)
+			}
+			a.remove("ns", "b")
+			a.apply(k8sPod("ns", "c", "10.0.0.3", true, chat()))
+			a.compact()
+			a.permit()
+			w.expect(t, "after the outage", "ns/a 10.0.0.1 ready pool=chat", "ns/c 10.0.0.3 ready pool=chat")
+			// The history was gone, so the informer had to fetch the whole
+			// state again rather than resume the watch.
+			if lists, watchLists := a.counts(); lists+watchLists <= lists0+watchLists0 {
+				t.Errorf("no new list after the compacted outage (lists %d→%d, watch-lists %d→%d)", lists0, lists, watchLists0, watchLists)
+			}
+
+			a.apply(k8sPod("ns", "a", "10.0.0.1", false, chat()))
+			w.expect(t, "watching again", "ns/a 10.0.0.1 - pool=chat", "ns/c 10.0.0.3 ready pool=chat")
+		})
+	}
+}
+
 // podsFrom reads the API server's current pods of a namespace as Pods, the
 // way Run converts them.
 func podsFrom(t *testing.T, a *apiServer, ns string) []Pod {
