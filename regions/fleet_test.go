@@ -587,6 +587,7 @@ func BenchmarkSelect(b *testing.B) {
 				dst := make([]Target, 0, 3)
 				req := Request{Model: "llama"}
 				b.ReportAllocs()
+				cpu0 := cpuTime()
 				for i := 0; b.Loop(); i++ {
 					if prefix {
 						req.PrefixHash = uint64(i)*0x9E3779B97F4A7C15 | 1
@@ -595,6 +596,7 @@ func BenchmarkSelect(b *testing.B) {
 					f.Begin(dst[0])
 					f.End(dst[0], Success)
 				}
+				reportCPU(b, cpu0)
 			})
 		}
 	}
@@ -609,10 +611,12 @@ func BenchmarkSelectOnly(b *testing.B) {
 			dst := make([]Target, 0, 3)
 			req := Request{Model: "llama"}
 			b.ReportAllocs()
+			cpu0 := cpuTime()
 			for i := 0; b.Loop(); i++ {
 				req.PrefixHash = uint64(i)*0x9E3779B97F4A7C15 | 1
 				dst = f.Select(dst, req)
 			}
+			reportCPU(b, cpu0)
 		})
 	}
 }
@@ -638,10 +642,19 @@ func BenchmarkSelectParallel(b *testing.B) {
 // read the clock once, and on some virtual machines that read dominates.
 func BenchmarkClock(b *testing.B) {
 	var sink int64
+	cpu0 := cpuTime()
 	for b.Loop() {
 		sink += time.Now().UnixNano()
 	}
+	reportCPU(b, cpu0)
 	_ = sink
+}
+
+// reportCPU adds the process CPU time per operation since cpu0.
+func reportCPU(b *testing.B, cpu0 time.Duration) {
+	if c := cpuTime(); c > 0 && b.N > 0 {
+		b.ReportMetric(float64(c-cpu0)/float64(b.N), "cpu-ns/op")
+	}
 }
 
 // BenchmarkPutDigest is the background cost of one digest from a Tier-1
@@ -657,6 +670,7 @@ func BenchmarkPutDigest(b *testing.B) {
 	}
 	f := newFleet(b, Config{DigestMaxAge: time.Hour}, ds...)
 	b.ReportAllocs()
+	cpu0 := cpuTime()
 	for i := 0; b.Loop(); i++ {
 		d := ds[i%len(ds)]
 		d.Version = uint64(i + 2)
@@ -665,6 +679,7 @@ func BenchmarkPutDigest(b *testing.B) {
 			b.Fatal(ok, err)
 		}
 	}
+	reportCPU(b, cpu0)
 }
 
 func TestOwnErrorRateLowersScore(t *testing.T) {
