@@ -1,0 +1,382 @@
+// Package health is Tier-1's pool-health feed: the PoolHealth gRPC
+// service that publishes, per pool of the cluster, a compact digest of
+// how loaded and how healthy it is, for Tier-2 to choose clusters by.
+//
+// A Publisher samples the gateway's pools every CheckInterval (50 ms by
+// default, the scrape period) and publishes a digest every Interval
+// (500 ms) and at once when something significant changed: the number
+// of ready pods, a jump of the waiting queue, or a jump of the error
+// rate. Each Watch stream gets the newest digest at once and then every
+// publication; a slow subscriber skips digests rather than slowing the
+// publisher (only the newest matters). Subscribe is the client Tier-2
+// runs: it follows one Tier-1's feed, reconnecting with backoff.
+//
+// It decides nothing: headroom and saturation are computed here, once,
+// so that every Tier-2 reads the same numbers, but what to do with them
+// is Tier-2's business (regions, priority).
+package health
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
+	"github.com/meridian-router/meridian/priority"
+	"github.com/meridian-router/meridian/tier1/gateway"
+)
+
+// Source is what a Publisher reads: the gateway's pools.
+// *gateway.Gateway is one. Pools is called from the publisher's
+// goroutine and must be safe for concurrent use.
+type Source interface {
+	Pools() []gateway.PoolView
+}
+
+// Config configures a Publisher. Zero fields take the defaults in their
+// comments.
+type Config struct {
+	// Region and Cluster name where the pools are; Replica names this
+	// Tier-1 replica. Tier-2 keys digests by region, cluster and pool, so
+	// Region and Cluster must be set.
+	Region, Cluster, Replica string
+	// Interval is the regular publication period. Zero means 500 ms.
+	// Shorter spends Tier-2 CPU and bandwidth to react faster to slow
+	// drifts; sudden changes are published at once anyway.
+	Interval time.Duration
+	// CheckInterval is how often the pools are sampled for a significant
+	// change. Zero means 50 ms (the scrape period: sampling faster sees
+	// nothing new). It is also the shortest gap between two publications.
+	CheckInterval time.Duration
+	// Window is the span over which TTFT quantiles and the error rate are
+	// computed. Zero means 30 s.
+	Window time.Duration
+	// QueueJump is the change of a pool's waiting requests (summed over
+	// ready pods) since the last publication that triggers one at once.
+	// Zero means 5, one pod's worth of queue at GIE's saturation
+	// threshold (Thresholds.Queue).
+	QueueJump int
+	// ErrorJump is the change of the error rate (a fraction) that
+	// triggers a publication at once. Zero means 0.05.
+	ErrorJump float64
+	// HotAdapters is how many adapters a digest lists as hot. Zero means
+	// 5; at most 16 (Tier-2 rejects more).
+	HotAdapters int
+	// Thresholds turn pod load into saturation and headroom (see
+	// Headroom). Zero fields take priority.DefaultThresholds: queue 5, KV
+	// 0.8, metrics older than 2 s are stale.
+	Thresholds priority.Thresholds
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Interval <= 0 {
+		c.Interval = 500 * time.Millisecond
+	}
+	if c.CheckInterval <= 0 {
+		c.CheckInterval = 50 * time.Millisecond
+	}
+	c.CheckInterval = min(c.CheckInterval, c.Interval)
+	if c.Window <= 0 {
+		c.Window = 30 * time.Second
+	}
+	if c.QueueJump <= 0 {
+		c.QueueJump = 5
+	}
+	if c.ErrorJump <= 0 {
+		c.ErrorJump = 0.05
+	}
+	if c.HotAdapters <= 0 {
+		c.HotAdapters = 5
+	}
+	c.HotAdapters = min(c.HotAdapters, 16)
+	d := priority.DefaultThresholds()
+	if c.Thresholds.Queue <= 0 {
+		c.Thresholds.Queue = d.Queue
+	}
+	if c.Thresholds.KVCache <= 0 {
+		c.Thresholds.KVCache = d.KVCache
+	}
+	if c.Thresholds.StaleAfter <= 0 {
+		c.Thresholds.StaleAfter = d.StaleAfter
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Publisher computes and publishes the cluster's digests, and serves them
+// as the PoolHealth service.
+type Publisher struct {
+	src Source
+	cfg Config
+
+	mu       sync.Mutex
+	latest   *tier1v1.ClusterDigest
+	versions map[string]uint64 // by pool
+	subs     map[chan *tier1v1.ClusterDigest]struct{}
+	last     time.Time // of the last publication
+
+	tier1v1.UnimplementedPoolHealthServer
+}
+
+// NewPublisher returns a publisher of src's pools. Run starts it.
+func NewPublisher(src Source, cfg Config) *Publisher {
+	return &Publisher{src: src, cfg: cfg.withDefaults(), versions: map[string]uint64{},
+		subs: map[chan *tier1v1.ClusterDigest]struct{}{}}
+}
+
+// Register adds the PoolHealth service to g.
+func (p *Publisher) Register(g grpc.ServiceRegistrar) { tier1v1.RegisterPoolHealthServer(g, p) }
+
+// Run publishes until ctx ends: at once, then every Interval and on
+// significant changes.
+func (p *Publisher) Run(ctx context.Context) {
+	p.publish(time.Now())
+	t := time.NewTicker(p.cfg.CheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p.Check(time.Now())
+	}
+}
+
+// Check samples the pools at now and publishes if the regular interval
+// has passed or something changed significantly. It reports whether it
+// published. Run calls it every CheckInterval.
+func (p *Publisher) Check(now time.Time) bool {
+	p.mu.Lock()
+	due := now.Sub(p.last) >= p.cfg.Interval
+	prev := p.latest
+	p.mu.Unlock()
+	if !due {
+		cur := p.digest(now, false)
+		if !significant(prev, cur, p.cfg) {
+			return false
+		}
+	}
+	p.publish(now)
+	return true
+}
+
+// Latest returns the last published digest (nil before Run).
+func (p *Publisher) Latest() *tier1v1.ClusterDigest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.latest
+}
+
+func (p *Publisher) publish(now time.Time) {
+	d := p.digest(now, true)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.latest, p.last = d, now
+	for ch := range p.subs {
+		offer(ch, d)
+	}
+}
+
+// offer puts d in a one-slot channel, replacing an unread older digest.
+func offer(ch chan *tier1v1.ClusterDigest, d *tier1v1.ClusterDigest) {
+	for {
+		select {
+		case ch <- d:
+			return
+		default:
+		}
+		select {
+		case <-ch:
+		default:
+		}
+	}
+}
+
+// subscribe returns a channel carrying the newest digest (the current one
+// at once, if any) and a function to stop.
+func (p *Publisher) subscribe() (<-chan *tier1v1.ClusterDigest, func()) {
+	ch := make(chan *tier1v1.ClusterDigest, 1)
+	p.mu.Lock()
+	p.subs[ch] = struct{}{}
+	if p.latest != nil {
+		ch <- p.latest
+	}
+	p.mu.Unlock()
+	return ch, func() {
+		p.mu.Lock()
+		delete(p.subs, ch)
+		p.mu.Unlock()
+	}
+}
+
+// Watch serves one subscriber: the newest digest at once, then each
+// publication, until the subscriber leaves.
+func (p *Publisher) Watch(req *tier1v1.WatchRequest, st grpc.ServerStreamingServer[tier1v1.ClusterDigest]) error {
+	ch, stop := p.subscribe()
+	defer stop()
+	p.cfg.Logger.Debug("tier1: pool-health subscriber joined", "subscriber", req.GetSubscriber())
+	for {
+		select {
+		case <-st.Context().Done():
+			return nil
+		case d := <-ch:
+			if err := st.Send(d); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// digest computes the cluster's digest at now; published digests take a
+// new version per pool.
+func (p *Publisher) digest(now time.Time, publish bool) *tier1v1.ClusterDigest {
+	cd := &tier1v1.ClusterDigest{Region: p.cfg.Region, Cluster: p.cfg.Cluster, Replica: p.cfg.Replica}
+	for _, v := range p.src.Pools() {
+		pd := PoolDigest(v, now, p.cfg)
+		if publish {
+			p.mu.Lock()
+			p.versions[v.Name]++
+			pd.Version = p.versions[v.Name]
+			p.mu.Unlock()
+		}
+		cd.Pools = append(cd.Pools, pd)
+	}
+	return cd
+}
+
+// PoolDigest summarises one pool at now.
+//
+// Ready pods are endpoints marked ready with metrics no older than
+// Thresholds.StaleAfter; queue, KV and running are over those. A pod's
+// queue is its scraped waiting requests plus the requests this replica
+// has in flight to it beyond what the scrape showed (waiting + running),
+// so a burst sent since the last scrape counts.
+//
+// Saturation is priority.Thresholds.Pool over the ready pods: the mean of
+// max(queue/Queue, kv/KVCache). Headroom is the pool's spare capacity as a
+// fraction of all its pods:
+//
+//	headroom = Σ over ready pods of (1 − min(1, max(queue/Queue, kv/KVCache))) / total pods
+//
+// so 1 is every pod idle, 0 every pod full, stale or unready: a pool with
+// half its pods down has at most 0.5.
+func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDigest {
+	cfg = cfg.withDefaults()
+	th := cfg.Thresholds
+	pd := &tier1v1.PoolDigest{Pool: v.Name, Model: v.Model, Adapters: v.Adapters, ProducedUnixNano: now.UnixNano()}
+	eps := v.Pool.Endpoints()
+	pd.TotalPods = uint32(len(eps))
+	var loads []priority.PodLoad
+	var kvSum, spare float64
+	hot := map[string]int{}
+	first := true
+	for _, ep := range eps {
+		inFlight := ep.InFlight()
+		pd.InFlight += uint32(max(0, inFlight))
+		m := ep.Metrics()
+		if !ep.Ready() || m == nil {
+			continue
+		}
+		age := now.Sub(m.ScrapedAt)
+		if age > th.StaleAfter {
+			pd.StalePods++
+			continue
+		}
+		pd.ReadyPods++
+		queue := m.Waiting + int(max(0, inFlight-int64(m.Waiting+m.Running)))
+		kv := min(1, max(0, m.KVCacheUsage))
+		pd.QueueTotal += uint32(queue)
+		if first || uint32(queue) > pd.QueueMax {
+			pd.QueueMax = uint32(queue)
+		}
+		if first || uint32(queue) < pd.QueueMin {
+			pd.QueueMin = uint32(queue)
+		}
+		first = false
+		kvSum += kv
+		pd.KvMax = max(pd.KvMax, kv)
+		pd.Running += uint32(m.Running)
+		load := priority.PodLoad{Queue: float64(queue), KVCache: kv, Age: age}
+		loads = append(loads, load)
+		spare += 1 - min(1, max(load.Queue/th.Queue, load.KVCache/th.KVCache))
+		for _, a := range m.RunningAdapters {
+			hot[a] += 2 // running weighs more than waiting: it holds a slot
+		}
+		for _, a := range m.WaitingAdapters {
+			hot[a]++
+		}
+	}
+	if pd.ReadyPods > 0 {
+		pd.KvMean = kvSum / float64(pd.ReadyPods)
+	}
+	if pd.TotalPods > 0 {
+		pd.Headroom = clamp01(spare / float64(pd.TotalPods))
+	}
+	sat := th.Pool(loads)
+	pd.Saturation = sat.Value
+	pd.FreshPods = uint32(sat.Fresh)
+	p50, p99, errRate := v.TTFT(now, cfg.Window)
+	pd.TtftP50Seconds, pd.TtftP99Seconds = p50.Seconds(), p99.Seconds()
+	pd.ErrorRate = clamp01(errRate)
+	pd.PrefixHitRatio = clamp01(v.IndexHitRatio())
+	pd.HotAdapters = hottest(hot, cfg.HotAdapters)
+	return pd
+}
+
+func hottest(score map[string]int, n int) []string {
+	names := make([]string, 0, len(score))
+	for a := range score {
+		names = append(names, a)
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if c := cmp.Compare(score[b], score[a]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	return names[:min(n, len(names))]
+}
+
+func clamp01(f float64) float64 {
+	if math.IsNaN(f) {
+		return 0
+	}
+	return min(1, max(0, f))
+}
+
+// significant reports whether cur differs from prev enough to publish
+// before the regular interval: a pool appeared or went, its ready pods
+// changed, its queue moved by QueueJump or its error rate by ErrorJump.
+func significant(prev, cur *tier1v1.ClusterDigest, cfg Config) bool {
+	if prev == nil || len(prev.Pools) != len(cur.Pools) {
+		return true
+	}
+	for i, c := range cur.Pools {
+		o := prev.Pools[i]
+		switch {
+		case o.Pool != c.Pool, o.ReadyPods != c.ReadyPods, o.TotalPods != c.TotalPods,
+			absDiff(o.QueueTotal, c.QueueTotal) >= cfg.QueueJump,
+			math.Abs(o.ErrorRate-c.ErrorRate) >= cfg.ErrorJump:
+			return true
+		}
+	}
+	return false
+}
+
+func absDiff(a, b uint32) int {
+	if a > b {
+		return int(a - b)
+	}
+	return int(b - a)
+}
