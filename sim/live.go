@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/model"
 	"sigs.k8s.io/yaml"
 
 	"github.com/meridian-router/meridian/config"
@@ -33,9 +35,13 @@ type PodSpec struct {
 	TimeScale float64
 	// Metrics selects the metric names exposed on /metrics; "" means vLLM's.
 	Metrics MetricNames
-	// ConstLabels are added to every metric on /metrics (e.g. a pod label
-	// so several pods can share one Prometheus job in a demo).
+	// ConstLabels are added to every metric on /metrics.
 	ConstLabels map[string]string
+	// LabelMetrics adds the pod's own labels (e.g. gpu, pool from a fleet
+	// file) and pod=<name> to every metric, so dashboards that group by
+	// pool work on a plain Prometheus static scrape. Label names must be
+	// valid Prometheus label names.
+	LabelMetrics bool
 	// DefaultMaxTokens is the output length of a request that sets no
 	// max_tokens; 0 means 64. A request that sets it generates exactly
 	// that many tokens (finish_reason "length"), as with ignore_eos.
@@ -150,7 +156,22 @@ func StartPod(ctx context.Context, spec PodSpec, port int) (*LivePod, error) {
 		lp.scale = 1
 	}
 	reg := prometheus.NewRegistry()
-	lp.metrics = newPodCollector(lp, names, spec.ConstLabels)
+	constLabels := prometheus.Labels{}
+	if spec.LabelMetrics {
+		maps.Copy(constLabels, spec.Pod.Labels)
+		constLabels["pod"] = spec.Pod.Name
+	}
+	maps.Copy(constLabels, spec.ConstLabels)
+	for name := range constLabels {
+		// Scrapers that predate UTF-8 names (GIE, older Prometheus) reject
+		// anything else.
+		if !model.LabelName(name).IsValidLegacy() {
+			ln.Close()
+			stop()
+			return nil, fmt.Errorf("sim: pod %s: metric label %q is not a valid Prometheus label name", spec.Pod.Name, name)
+		}
+	}
+	lp.metrics = newPodCollector(lp, names, constLabels)
 	if err := reg.Register(lp.metrics); err != nil {
 		ln.Close()
 		stop()

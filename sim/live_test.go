@@ -504,3 +504,37 @@ func TestLiveCancel(t *testing.T) {
 		t.Errorf("WaitFor on a done context: %v", err)
 	}
 }
+
+// TestLabelMetrics: with LabelMetrics, the pod's labels reach every
+// series, so the seed dashboards' "by (pool)" queries work on a static
+// scrape.
+func TestLabelMetrics(t *testing.T) {
+	f, err := ParseFleet([]byte("pools: [{name: big, profile: h100, count: 1, labels: {region: r1}}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := StartFleet(context.Background(), f, PodSpec{TimeScale: 1000, LabelMetrics: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pods[0].Close()
+	fams := scrapeFamilies(t, pods[0])
+	for _, name := range []string{"vllm:num_requests_waiting", "vllm:time_to_first_token_seconds", "vllm:lora_requests_info"} {
+		f := fams[name]
+		if f == nil || len(f.Metric) == 0 {
+			t.Fatalf("%s missing", name)
+		}
+		m := f.Metric[0]
+		if label(m, "pool") != "big" || label(m, "gpu") != "h100" || label(m, "region") != "r1" || label(m, "pod") != "big-0" {
+			t.Errorf("%s labels %v", name, m.GetLabel())
+		}
+	}
+	bad, err := ParseFleet([]byte("pools: [{name: x, profile: h100, count: 1, labels: {app.kubernetes.io/name: x}}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pods, err := StartFleet(context.Background(), bad, PodSpec{LabelMetrics: true}); err == nil {
+		pods[0].Close()
+		t.Error("a label name Prometheus rejects was accepted")
+	}
+}

@@ -98,6 +98,9 @@ func newPodCollector(lp *LivePod, names MetricNames, constLabels prometheus.Labe
 		Name: prefix + "e2e_request_latency_seconds", Help: "Histogram of end to end request latency in seconds.",
 		Buckets: e2eBuckets, ConstLabels: constLabels,
 	}, model)
+	// Expose empty histograms from the start, as vLLM does.
+	c.ttft.WithLabelValues(c.model)
+	c.e2e.WithLabelValues(c.model)
 	return c
 }
 

@@ -20,6 +20,7 @@ func newSimCmd() *cobra.Command {
 		timeScale                                                 float64
 		faults                                                    sim.Faults
 		labels                                                    map[string]string
+		labelMetrics                                              bool
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -41,6 +42,7 @@ GPU profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `. See docs/simulator
 			}
 			spec := sim.PodSpec{
 				Host: host, BasePort: port, TimeScale: timeScale, Metrics: names, DefaultMaxTokens: maxTokens,
+				LabelMetrics: labelMetrics,
 			}
 			ctx := cmd.Context()
 			var live []*sim.LivePod
@@ -114,6 +116,7 @@ GPU profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `. See docs/simulator
 	fl.IntVar(&maxTokens, "default-max-tokens", 64, "output tokens of a request that sets no max_tokens")
 	fl.StringVar(&fleet, "fleet", "", "YAML fleet file (pools of pods) instead of --profile/--pods")
 	fl.StringVar(&endpoints, "endpoints-out", "", "write a StaticEndpoints object listing the pods to this file (- for stdout)")
+	fl.BoolVar(&labelMetrics, "label-metrics", false, "add each pod's labels and pod=<name> to its metrics (for dashboards grouping by pool without relabelling)")
 	fl.StringToStringVar(&labels, "labels", nil, "extra pod labels printed for each pod, e.g. region=us-east-1")
 	fl.Float64Var(&faults.ErrorRate, "error-rate", 0, "fraction of requests answered 500")
 	fl.Float64Var(&faults.RejectRate, "reject-rate", 0, "fraction of requests answered 429")
