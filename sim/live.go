@@ -42,6 +42,11 @@ type PodSpec struct {
 	// pool work on a plain Prometheus static scrape. Label names must be
 	// valid Prometheus label names.
 	LabelMetrics bool
+	// OnOutcome, if set, is called with every finished or failed request
+	// of every pod (times in model time since the pod started). It is
+	// called from the pod's driver with the pod locked: it must be quick
+	// and must not call the pod.
+	OnOutcome func(Outcome)
 	// DefaultMaxTokens is the output length of a request that sets no
 	// max_tokens; 0 means 64. A request that sets it generates exactly
 	// that many tokens (finish_reason "length"), as with ignore_eos.
@@ -349,6 +354,9 @@ func (lp *LivePod) dispatch(evs []Event) {
 			lr.done = true
 			lr.out = ev.Outcome
 			lp.metrics.observe(&ev.Outcome)
+			if lp.spec.OnOutcome != nil {
+				lp.spec.OnOutcome(ev.Outcome)
+			}
 		}
 		select {
 		case lr.notify <- struct{}{}:

@@ -118,7 +118,8 @@ func TestLiveChat(t *testing.T) {
 }
 
 func TestLiveCompletions(t *testing.T) {
-	lp := startLive(t, PodSpec{DefaultMaxTokens: 5}, 1)[0]
+	outcomes := make(chan Outcome, 2)
+	lp := startLive(t, PodSpec{DefaultMaxTokens: 5, OnOutcome: func(o Outcome) { outcomes <- o }}, 1)[0]
 	c := client(lp)
 	ctx := context.Background()
 	params := openai.CompletionNewParams{
@@ -151,6 +152,12 @@ func TestLiveCompletions(t *testing.T) {
 	}
 	if text.String() != tokenText(0, 3) || usage != 3 {
 		t.Errorf("streamed %q with usage %d, want %q and 3", text.String(), usage, tokenText(0, 3))
+	}
+	for _, want := range []int{5, 3} {
+		o := <-outcomes
+		if o.Err != nil || o.OutputTokens != want || o.Pod != lp.Name() || o.TTFT() <= 0 || o.Finish < o.FirstToken {
+			t.Errorf("outcome %+v, want %d tokens", o, want)
+		}
 	}
 }
 
