@@ -32,9 +32,13 @@ func newRetryBudget(cfg RetryConfig, now func() time.Time) *RetryBudget {
 func (b *RetryBudget) setConfig(cfg RetryConfig) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// Counts survive a reload unless the window (and so the buckets'
+	// meaning) changed.
+	if cfg.Window != b.cfg.Window {
+		b.width = max(1, int64(cfg.Window)/int64(len(b.buckets)))
+		b.buckets = [10]budgetBucket{}
+	}
 	b.cfg = cfg
-	b.width = max(1, int64(cfg.Window)/int64(len(b.buckets)))
-	b.buckets = [10]budgetBucket{}
 }
 
 // bucket returns the current bucket, reset if it is from an older epoch.

@@ -166,7 +166,8 @@ func NewFleet(cfg Config) (*Fleet, error) {
 
 // Update applies a new configuration live. Cluster state (in-flight counts,
 // ejections) carries over for clusters still listed, and so do measured
-// round trips; Now is not changed.
+// round trips and held digests (judged by the new DigestMaxAge); Now is not
+// changed.
 func (f *Fleet) Update(cfg Config) error {
 	cfg.Now = f.now
 	full, err := cfg.withDefaults()
@@ -174,6 +175,7 @@ func (f *Fleet) Update(cfg Config) error {
 		return err
 	}
 	f.budget.setConfig(full.Retry)
+	f.store.maxAge.Store(int64(full.DigestMaxAge))
 	f.mu.Lock()
 	old := f.prox
 	f.mu.Unlock()

@@ -527,6 +527,21 @@ func TestUpdateKeepsClusterState(t *testing.T) {
 		if st := f.Status(); len(st) != 2 || st[0].InFlight != 1 {
 			t.Errorf("after Update: %+v, want a's in-flight request kept and b added", st)
 		}
+		// A shorter age bound applies to the digests already held.
+		time.Sleep(3 * time.Second)
+		if len(f.Select(nil, Request{Model: "llama"})) != 1 {
+			t.Fatal("3 s old digest not usable under the default 5 s bound")
+		}
+		cfg.DigestMaxAge = 2 * time.Second
+		if err := f.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.Select(nil, Request{Model: "llama"}); len(got) != 0 {
+			t.Errorf("3 s old digest still used after DigestMaxAge became 2 s: %v", names(got))
+		}
+		if _, ok := f.Digests().Get(Key{"us-east-1", "a", "llama-pool"}); ok {
+			t.Error("store still serves the digest beyond the new age bound")
+		}
 		if err := f.Update(Config{LocalRegion: "x", LoadFactor: 0.5}); err == nil {
 			t.Error("Update accepted a load factor below 1")
 		}

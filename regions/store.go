@@ -18,7 +18,7 @@ import (
 // It is safe for concurrent use; LocalState and Merge never block on
 // anything but its own short lock.
 type DigestStore struct {
-	maxAge time.Duration
+	maxAge atomic.Int64 // ns; changed by Fleet.Update
 	now    func() time.Time
 
 	mu      sync.Mutex
@@ -47,7 +47,9 @@ func NewDigestStore(maxAge time.Duration, now func() time.Time) *DigestStore {
 	if now == nil {
 		now = time.Now
 	}
-	return &DigestStore{maxAge: maxAge, now: now, entries: make(map[Key]*storeEntry)}
+	s := &DigestStore{now: now, entries: make(map[Key]*storeEntry)}
+	s.maxAge.Store(int64(maxAge))
+	return s
 }
 
 // SetPublish installs the hook that spreads a digest accepted through Put
@@ -118,8 +120,8 @@ func (s *DigestStore) changed() {
 // the future than the age bound is refused too: its producer's clock is
 // wrong, and it would otherwise outlive its producer.
 func (s *DigestStore) fresh(d *Digest, now time.Time) bool {
-	age := now.Sub(d.Produced)
-	return age <= s.maxAge && age >= -s.maxAge
+	age, bound := now.Sub(d.Produced), time.Duration(s.maxAge.Load())
+	return age <= bound && age >= -bound
 }
 
 // Get returns the fresh digest held for k.
