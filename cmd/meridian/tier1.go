@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meridian-router/meridian/tier1"
+	"github.com/meridian-router/meridian/tier1/discovery"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/health"
 	"github.com/meridian-router/meridian/tier1/proxy"
@@ -32,6 +33,9 @@ type tier1Flags struct {
 	maxMetricsAge  time.Duration
 	health         string // pool-health feed address (empty: off)
 	region         string // Region named in health digests
+	discovery      string // static | kubernetes
+	kubeconfig     string
+	namespace      string
 }
 
 func newTier1Cmd() *cobra.Command {
@@ -56,6 +60,9 @@ func newTier1Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.metrics, "metrics", ":9090", "address of the Prometheus /metrics endpoint (empty: off)")
 	cmd.Flags().StringVar(&f.health, "health", "", "address of the pool-health gRPC feed Tier-2 subscribes to (empty: off)")
 	cmd.Flags().StringVar(&f.region, "region", "", "Region named in health digests (default: the gateway's spec.region)")
+	cmd.Flags().StringVar(&f.discovery, "discovery", "static", "pod discovery: static (StaticEndpoints only) or kubernetes (also watch pods)")
+	cmd.Flags().StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for --discovery kubernetes (default: in-cluster service account)")
+	cmd.Flags().StringVar(&f.namespace, "namespace", "", "namespace whose pods to watch (default: the kubeconfig's, or this pod's)")
 	cmd.Flags().DurationVar(&f.scrapeInterval, "scrape-interval", 50*time.Millisecond, "how often each pod's metrics are polled")
 	cmd.Flags().DurationVar(&f.maxMetricsAge, "max-metrics-age", time.Second, "a pod whose last scrape is older is avoided (all stale: fail open)")
 	return cmd
@@ -87,6 +94,19 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 		return nil, err
 	}
 	inst := &tier1Instance{gw: gw}
+	var kube *discovery.Kubernetes
+	switch f.discovery {
+	case "static", "":
+	case "kubernetes":
+		if kube, err = discovery.NewKubernetes(f.kubeconfig, f.namespace); err != nil {
+			src.close()
+			return nil, fmt.Errorf("tier1: kubernetes discovery: %w", err)
+		}
+		kube.Logger = log
+	default:
+		src.close()
+		return nil, &exitError{2, fmt.Errorf("--discovery %q: want static or kubernetes", f.discovery)}
+	}
 	px, err := listen("tier1 proxy", f.listen, (&proxy.Proxy{Gateway: gw, Logger: log}).Handler())
 	if err != nil {
 		src.close()
@@ -128,6 +148,9 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 		g, gctx := errgroup.WithContext(ctx)
 		for _, s := range inst.servers {
 			g.Go(func() error { return s.serve(gctx, log) })
+		}
+		if kube != nil {
+			g.Go(func() error { return kube.Run(gctx, gw.SetPods) })
 		}
 		if pub != nil {
 			gs := grpc.NewServer()

@@ -10,6 +10,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1"
+	"github.com/meridian-router/meridian/tier1/discovery"
 	"github.com/meridian-router/meridian/tier1/scrape"
 )
 
@@ -82,15 +84,8 @@ type Gateway struct {
 
 	mu    sync.Mutex
 	pools map[string]*poolState // by scheduler name; survive reloads
-	pods  []PodTarget           // discovered pods (Kubernetes); nil when static only
+	pods  []discovery.Pod       // Kubernetes pods; nil with static endpoints only
 	ctx   context.Context       // lifetime of scrape loops
-}
-
-// PodTarget is an endpoint discovery found for a scheduler.
-type PodTarget struct {
-	Scheduler string
-	ID        string
-	Address   string
 }
 
 // table is one configuration's routing: immutable, swapped whole.
@@ -249,15 +244,13 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 	return nil
 }
 
-// SetPods replaces the endpoints discovery found (Kubernetes). Static
-// endpoints from the configuration are always included.
-func (g *Gateway) SetPods(pods []PodTarget) {
+// SetPods replaces the Kubernetes pods discovery knows; it is
+// discovery.Kubernetes.Run's callback. Static endpoints from the
+// configuration are always included.
+func (g *Gateway) SetPods(pods []discovery.Pod) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.pods = slices.Clone(pods)
-	if g.pods == nil {
-		g.pods = []PodTarget{}
-	}
+	g.pods = pods
 	g.syncEndpointsLocked()
 }
 
@@ -266,17 +259,16 @@ func (g *Gateway) SetPods(pods []PodTarget) {
 func (g *Gateway) syncEndpointsLocked() {
 	t := g.table.Load()
 	want := map[string]map[string]string{} // pool → id → address
-	for _, sc := range t.gateway.Spec.Schedulers {
-		m := map[string]string{}
-		for _, ep := range t.snap.Endpoints(g.cfg.Cluster, sc.ModelSelector.MatchLabels) {
-			m[ep.Name] = ep.Address
-		}
-		want[sc.Name] = m
+	cluster := g.cfg.Cluster
+	if cluster == "" {
+		cluster = cmp.Or(t.gateway.Spec.Cluster, t.gateway.Metadata.Name)
 	}
-	for _, p := range g.pods {
-		if m, ok := want[p.Scheduler]; ok {
-			m[p.ID] = p.Address
+	for sched, targets := range discovery.Endpoints(t.snap, cluster, g.pods) {
+		m := make(map[string]string, len(targets))
+		for _, tg := range targets {
+			m[tg.ID] = tg.Address
 		}
+		want[sched] = m
 	}
 	for name, ps := range g.pools {
 		eps := want[name]
