@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -409,6 +411,24 @@ func TestLiveModelsAndHealth(t *testing.T) {
 	lp.Close()
 	if _, err := http.Get(lp.URL() + "/health"); err == nil {
 		t.Error("closed pod still answers")
+	}
+
+	// A restart on the same address.
+	_, port, _ := net.SplitHostPort(lp.Addr())
+	n, _ := strconv.Atoi(port)
+	spec := PodSpec{Pod: lp.Config(), TimeScale: 1000}
+	again, err := StartPod(context.Background(), spec, n)
+	if err != nil {
+		t.Fatalf("restart on port %d: %v", n, err)
+	}
+	defer again.Close()
+	resp, err = http.Get(again.URL() + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || again.Addr() != lp.Addr() {
+		t.Errorf("restarted pod at %s: %s", again.Addr(), resp.Status)
 	}
 }
 
