@@ -174,13 +174,14 @@ func (s *Server) WatchReadiness(ctx context.Context, interval time.Duration) {
 
 // Serve runs a gRPC server with the ext_proc and health services on lis
 // until ctx ends, then reports NOT_SERVING and drains open streams for at
-// most drain (zero means 30 s) before closing them.
+// most drain (zero means 30 s) before closing them. opts come after
+// Meridian's defaults (ServerOptions) and win over them.
 func (s *Server) Serve(ctx context.Context, lis net.Listener, drain time.Duration, opts ...grpc.ServerOption) error {
 	s.init()
 	if drain <= 0 {
 		drain = 30 * time.Second
 	}
-	g := grpc.NewServer(opts...)
+	g := grpc.NewServer(append(ServerOptions(), opts...)...)
 	s.Register(g)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -204,6 +205,19 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, drain time.Duratio
 		<-stopped
 	}
 	return nil
+}
+
+// ServerOptions are the gRPC server options Serve uses: HTTP/2 flow-control
+// windows large enough that a whole 4 MiB body streams in without waiting
+// for window updates (gRPC's default 64 KiB window costs a round trip per
+// 64 KiB until its estimator catches up), and a message limit above
+// Envoy's largest body chunk.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.InitialWindowSize(4 << 20),
+		grpc.InitialConnWindowSize(16 << 20),
+		grpc.MaxRecvMsgSize(16 << 20),
+	}
 }
 
 // Process handles one HTTP request's ext_proc stream.
