@@ -70,9 +70,13 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 		return
 	}
 	body := c.raw
-	if c.resolved.Target != c.body.Model {
+	// A stream that does not ask for usage gets it anyway, so that token
+	// limits settle on real counts; relay drops the extra chunk.
+	c.hideUsage = c.body.Stream && !c.embed && r.cfg.Limiter != nil && !bytes.Contains(c.raw, []byte(`"include_usage":true`)) &&
+		!bytes.Contains(c.raw, []byte(`"include_usage": true`))
+	if c.resolved.Target != c.body.Model || c.hideUsage {
 		var err error
-		if body, err = setModel(c.raw, c.resolved.Target); err != nil {
+		if body, err = rewriteBody(c.raw, c.resolved.Target, c.hideUsage); err != nil {
 			r.settle(c, 0)
 			r.reject(st, c, request.BadRequest("bad_request", err.Error()), w)
 			return
@@ -204,6 +208,7 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call) int 
 	br.Reset(resp.Body)
 	defer func() { br.Reset(nil); r.readers.Put(br) }()
 	used := int64(0)
+	skipBlank := false
 	for {
 		line, err := br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
@@ -214,20 +219,28 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call) int 
 		}
 		if len(line) > 0 {
 			markFirst()
+			drop := false
 			if bytes.HasPrefix(line, []byte("data: {")) {
 				if rename {
 					line = bytes.Replace(line, from, to, 1)
 				}
 				if u := usageTokens(line[len("data: "):]); u > 0 {
 					used = u
+					// The usage chunk the caller did not ask for.
+					drop = c.hideUsage && bytes.Contains(line, []byte(`"choices":[]`))
+					skipBlank = drop
 				}
+			} else if skipBlank && len(bytes.TrimSpace(line)) == 0 {
+				drop, skipBlank = true, false
 			}
-			if _, werr := w.Write(line); werr != nil {
-				r.settle(c, used)
-				return resp.StatusCode
-			}
-			if len(bytes.TrimSpace(line)) == 0 {
-				rc.Flush() // end of an event
+			if !drop {
+				if _, werr := w.Write(line); werr != nil {
+					r.settle(c, used)
+					return resp.StatusCode
+				}
+				if len(bytes.TrimSpace(line)) == 0 {
+					rc.Flush() // end of an event
+				}
 			}
 		}
 		if err == io.EOF {
@@ -276,14 +289,25 @@ func usageTokens(b []byte) int64 {
 	return v.Usage.TotalTokens
 }
 
-// setModel returns body with its "model" replaced.
-func setModel(body []byte, model string) ([]byte, error) {
+// rewriteBody returns body with its "model" replaced and, when
+// includeUsage, stream_options.include_usage set.
+func rewriteBody(body []byte, model string, includeUsage bool) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, fmt.Errorf("malformed JSON body: %w", err)
 	}
 	q, _ := json.Marshal(model)
 	m["model"] = q
+	if includeUsage {
+		opts := map[string]json.RawMessage{}
+		if raw, ok := m["stream_options"]; ok && string(raw) != "null" {
+			if err := json.Unmarshal(raw, &opts); err != nil {
+				return nil, fmt.Errorf(`"stream_options" must be an object: %w`, err)
+			}
+		}
+		opts["include_usage"] = json.RawMessage("true")
+		m["stream_options"], _ = json.Marshal(opts)
+	}
 	return json.Marshal(m)
 }
 

@@ -252,6 +252,9 @@ type call struct {
 	spill    bool // admission asked to prefer another Region
 	served   regions.Target
 	settled  bool // token usage reconciled
+	// hideUsage: Tier-2 asked upstream for a usage chunk the caller did
+	// not request; relay drops it.
+	hideUsage bool
 }
 
 func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {

@@ -228,6 +228,20 @@ func TestPlatformEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("streaming without usage requested", func(t *testing.T) {
+		// Tier-2 asks upstream for usage (token limits settle on real
+		// counts) but must not show the caller a chunk it did not ask for.
+		s := us.Chat.Completions.NewStreaming(ctx, ask("fast"))
+		for s.Next() {
+			if c := s.Current(); len(c.Choices) == 0 {
+				t.Fatalf("unrequested usage chunk relayed: %+v", c)
+			}
+		}
+		if err := s.Err(); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("canary split answers with the public name", func(t *testing.T) {
 		seen := map[string]bool{}
 		for i := range 16 {
