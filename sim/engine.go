@@ -116,6 +116,16 @@ func (e *Engine) SetFaults(p *Pod, f Faults) error {
 	return nil
 }
 
+// Cancel withdraws r from p at Now, as a client that times out would: its
+// done callback gets an error wrapping ErrCancelled, at once if r was
+// waiting or between steps, at the end of the current step if r is in it.
+// It reports whether r was in p.
+func (e *Engine) Cancel(p *Pod, r *Request) bool {
+	evs, ok := p.Cancel(e.now, r)
+	deliver(evs)
+	return ok
+}
+
 // Run processes events until no work is left, then fails any request
 // still inside a pod (one that hung) with ErrUnfinished. It returns the
 // final virtual time.

@@ -190,3 +190,42 @@ func TestSubmitToForeignPod(t *testing.T) {
 		t.Errorf("outcome %+v, pod busy %v", got, p.Busy())
 	}
 }
+
+func TestEngineCancel(t *testing.T) {
+	e := NewEngine(1)
+	p, _ := e.AddPod(PodConfig{Name: "p", Profile: mustProfile(t, "a10g")})
+	running, waiting, kept := req(20000, 100), req(100, 10), req(100, 10)
+	out := map[*Request]Outcome{}
+	for _, r := range []*Request{running, waiting, kept} {
+		e.Submit(p, r, func(o Outcome) { out[o.Request] = o })
+	}
+	// At 10 ms the long prompt's first 2,048-token chunk is in the current
+	// step (the whole budget), and the short ones wait.
+	e.At(10*time.Millisecond, func() {
+		if m := p.Metrics(); m.Running != 1 || m.Waiting != 2 {
+			t.Fatalf("at 10 ms: %+v", m)
+		}
+		if !e.Cancel(p, running) || !e.Cancel(p, waiting) {
+			t.Error("cancel: request not found")
+		}
+		if e.Cancel(p, running) {
+			t.Error("second cancel of the same request succeeded")
+		}
+	})
+	e.Run()
+	for _, r := range []*Request{running, waiting} {
+		if o := out[r]; !errors.Is(o.Err, ErrCancelled) || o.OutputTokens != 0 {
+			t.Errorf("cancelled request outcome %+v", o)
+		}
+	}
+	// The waiting request ends at once; the one in the step when its step ends.
+	if out[waiting].Finish != 10*time.Millisecond || out[running].Finish <= 10*time.Millisecond {
+		t.Errorf("cancelled at %v (waiting) and %v (in a step)", out[waiting].Finish, out[running].Finish)
+	}
+	if o := out[kept]; o.Err != nil || o.OutputTokens != 10 {
+		t.Errorf("kept request outcome %+v", o)
+	}
+	if m := p.Metrics(); m.KVCacheUsage != 0 || m.Running+m.Waiting != 0 || m.Failures != 2 || m.RequestsOK != 1 {
+		t.Errorf("pod after the run: %+v", m)
+	}
+}

@@ -533,7 +533,7 @@ func (p *Pod) EndStep(now time.Duration) []Event {
 		n := s.scheduled
 		s.scheduled = 0
 		if s.cancel {
-			p.finish(now, s, fmt.Errorf("pod %s: %w", p.cfg.Name, ErrCancelled))
+			p.events = append(p.events, p.finish(now, s, fmt.Errorf("pod %s: %w", p.cfg.Name, ErrCancelled)))
 			finished = true
 			continue
 		}
@@ -555,10 +555,10 @@ func (p *Pod) EndStep(now time.Duration) []Event {
 		}
 		switch {
 		case s.generated >= s.req.OutputTokens:
-			p.finish(now, s, nil)
+			p.events = append(p.events, p.finish(now, s, nil))
 			finished = true
 		case p.faults.CrashAfterTokens > 0 && s.generated >= p.faults.CrashAfterTokens:
-			p.finish(now, s, fmt.Errorf("pod %s: after %d tokens: %w", p.cfg.Name, s.generated, ErrCrashed))
+			p.events = append(p.events, p.finish(now, s, fmt.Errorf("pod %s: after %d tokens: %w", p.cfg.Name, s.generated, ErrCrashed)))
 			finished = true
 		case s.watch:
 			p.events = append(p.events, Event{Kind: EventToken, Tag: s.tag, Tokens: s.generated})
@@ -570,9 +570,9 @@ func (p *Pod) EndStep(now time.Duration) []Event {
 	return p.events
 }
 
-// finish records a request's end and appends its event. The caller removes
+// finish records a request's end and returns its event. The caller removes
 // it from the running queue.
-func (p *Pod) finish(now time.Duration, s *seq, err error) {
+func (p *Pod) finish(now time.Duration, s *seq, err error) Event {
 	s.done = true
 	p.release(now, s)
 	delete(p.byReq, s.req)
@@ -583,7 +583,7 @@ func (p *Pod) finish(now time.Duration, s *seq, err error) {
 	} else {
 		p.stats.requestsOK++
 	}
-	p.events = append(p.events, Event{Kind: kind, Tag: s.tag, Tokens: s.generated, Outcome: p.outcome(now, s, err)})
+	return Event{Kind: kind, Tag: s.tag, Tokens: s.generated, Outcome: p.outcome(now, s, err)}
 }
 
 func (p *Pod) outcome(now time.Duration, s *seq, err error) Outcome {
@@ -601,9 +601,10 @@ func (p *Pod) outcome(now time.Duration, s *seq, err error) Outcome {
 }
 
 // Cancel withdraws r (its client went away) and frees what it holds. A
-// waiting request is failed at once and its EventFailed (wrapping
-// ErrCancelled) returned; one in the current step is failed by EndStep,
-// which reports the event. It returns false if r is not in the pod.
+// request outside the current step is failed at once and its EventFailed
+// (wrapping ErrCancelled) returned in a new slice; one in the current step
+// is failed by EndStep, which reports the event. It returns false if r is
+// not in the pod.
 func (p *Pod) Cancel(now time.Duration, r *Request) ([]Event, bool) {
 	s := p.byReq[r]
 	if s == nil || s.cancel {
@@ -613,30 +614,28 @@ func (p *Pod) Cancel(now time.Duration, r *Request) ([]Event, bool) {
 		s.cancel = true
 		return nil, true
 	}
-	p.events = p.events[:0]
 	if s.running {
 		p.removeRunning(s)
 	} else if i := slices.Index(p.waiting, s); i >= 0 {
 		p.waiting = slices.Delete(p.waiting, i, i+1)
 	}
-	p.finish(now, s, fmt.Errorf("pod %s: %w", p.cfg.Name, ErrCancelled))
-	return p.events, true
+	return []Event{p.finish(now, s, fmt.Errorf("pod %s: %w", p.cfg.Name, ErrCancelled))}, true
 }
 
-// Drain fails every request still in the pod with err, in arrival order
-// of the queues (running first), and returns their events. It must not be
-// called between BeginStep and EndStep.
+// Drain fails every request still in the pod with err, running ones first
+// then waiting ones in queue order, and returns their events in a new
+// slice. It must not be called between BeginStep and EndStep.
 func (p *Pod) Drain(now time.Duration, err error) []Event {
 	if p.inStep {
 		panic("sim: Drain during a step")
 	}
-	p.events = p.events[:0]
 	all := append(append([]*seq(nil), p.running...), p.waiting...)
 	p.running, p.waiting = p.running[:0], p.waiting[:0]
+	var evs []Event
 	for _, s := range all {
-		p.finish(now, s, fmt.Errorf("pod %s: %w", p.cfg.Name, err))
+		evs = append(evs, p.finish(now, s, fmt.Errorf("pod %s: %w", p.cfg.Name, err)))
 	}
-	return p.events
+	return evs
 }
 
 // Metrics is a pod's state as its /metrics endpoint reports it.
