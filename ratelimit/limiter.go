@@ -121,7 +121,7 @@ type Limiter struct {
 	metrics *metrics
 	tenants atomic.Pointer[map[string]*tenant]
 
-	updateMu sync.Mutex // serialises Update
+	updateMu sync.Mutex // serialises Update and Sync
 
 	viewMu   sync.Mutex // guards the fields below
 	started  time.Time
