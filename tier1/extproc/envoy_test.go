@@ -227,10 +227,12 @@ type picked struct {
 	clear     bool   // ClearRouteCache
 	body      []byte // the body as sent back (streamed mode)
 	chunks    []int  // sizes of the chunks sent back
-	// tail is from sending the body's last chunk to receiving the
-	// destination (and, streamed, the body's last chunk back): the
-	// picker's share of the critical path once the body is in.
-	tail time.Duration
+	// decided is from sending the body's last chunk to receiving the
+	// destination, and tail to receiving the body's last chunk back
+	// (streamed mode): the picker's share of the critical path once the
+	// body is in. Envoy starts the upstream request at the destination
+	// and streams the body to it as the chunks come back.
+	decided, tail time.Duration
 }
 
 func (c call) mode0() filterv3.ProcessingMode_BodySendMode {
@@ -308,6 +310,7 @@ func (p *platform) request(tb testing.TB, ctx context.Context, c call) *picked {
 		}
 	}
 	r := p.recvT(tb, st)
+	pk.decided = time.Since(last)
 	pk.read(tb, r)
 	if pk.immediate != nil {
 		return pk

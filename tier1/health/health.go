@@ -123,7 +123,8 @@ type Publisher struct {
 	latest   *tier1v1.ClusterDigest
 	versions map[string]uint64 // by pool
 	subs     map[chan *tier1v1.ClusterDigest]struct{}
-	last     time.Time // of the last publication
+	last     time.Time                  // of the last publication
+	prefix   map[string][]prefixCounter // by pool: pod-reported counters at publications, oldest first
 
 	tier1v1.UnimplementedPoolHealthServer
 }
@@ -131,7 +132,7 @@ type Publisher struct {
 // NewPublisher returns a publisher of src's pools. Run starts it.
 func NewPublisher(src Source, cfg Config) *Publisher {
 	return &Publisher{src: src, cfg: cfg.withDefaults(), versions: map[string]uint64{},
-		subs: map[chan *tier1v1.ClusterDigest]struct{}{}}
+		subs: map[chan *tier1v1.ClusterDigest]struct{}{}, prefix: map[string][]prefixCounter{}}
 }
 
 // Register adds the PoolHealth service to g.
@@ -248,6 +249,9 @@ func (p *Publisher) digest(now time.Time, publish bool) *tier1v1.ClusterDigest {
 			p.mu.Lock()
 			p.versions[v.Name]++
 			pd.Version = p.versions[v.Name]
+			if pd.PrefixHitRatio == 0 {
+				pd.PrefixHitRatio = p.podPrefixLocked(v, now)
+			}
 			p.mu.Unlock()
 		}
 		cd.Pools = append(cd.Pools, pd)
@@ -255,10 +259,40 @@ func (p *Publisher) digest(now time.Time, publish bool) *tier1v1.ClusterDigest {
 	return cd
 }
 
+// prefixCounter is a pool's pod-reported prefix-cache counters at a time.
+type prefixCounter struct {
+	at            time.Time
+	hits, queries uint64
+}
+
+// podPrefixLocked records the pool's pod-reported prefix-cache counters
+// and returns their hit ratio since the oldest sample within Window (0
+// without queries). Counters that went backwards (a pod restarted or left)
+// restart the window.
+func (p *Publisher) podPrefixLocked(v gateway.PoolView, now time.Time) float64 {
+	hits, queries := v.PodPrefix()
+	ring := p.prefix[v.Name]
+	if n := len(ring); n > 0 && (hits < ring[n-1].hits || queries < ring[n-1].queries) {
+		ring = ring[:0]
+	}
+	for len(ring) > 1 && now.Sub(ring[1].at) >= p.cfg.Window {
+		ring = ring[1:]
+	}
+	ring = append(ring, prefixCounter{now, hits, queries})
+	p.prefix[v.Name] = ring
+	first := ring[0]
+	if queries <= first.queries {
+		return 0
+	}
+	return clamp01(float64(hits-first.hits) / float64(queries-first.queries))
+}
+
 // PoolDigest summarises one pool at now.
 //
 // Ready pods are endpoints marked ready with metrics no older than
-// Thresholds.StaleAfter; queue, KV and running are over those. A pod's
+// Thresholds.StaleAfter; queue, KV and running are over those. The
+// prefix hit ratio is the gateway's index estimate (a Publisher falls
+// back to the pods' own counters over Window when that is zero). A pod's
 // queue is its scraped waiting requests plus the requests this replica
 // has in flight to it beyond what the scrape showed (waiting + running),
 // so a burst sent since the last scrape counts.

@@ -3,9 +3,11 @@ package health
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -18,8 +20,10 @@ import (
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/request"
+	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
+	"github.com/meridian-router/meridian/tier1/scrape"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -319,5 +323,107 @@ func TestWatchAndSubscribe(t *testing.T) {
 func TestSubscribeBadAddress(t *testing.T) {
 	if err := Subscribe(t.Context(), "%zz", func(*tier1v1.ClusterDigest) {}); err == nil {
 		t.Fatal("no error for a malformed target")
+	}
+}
+
+// TestPodPrefixRatio: with no index estimate, the digest carries the hit
+// ratio the pods themselves count, over the publications in the window.
+func TestPodPrefixRatio(t *testing.T) {
+	prof, err := sim.LookupProfile("h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := sim.StartPods(context.Background(), sim.PodSpec{
+		Pod: sim.PodConfig{Name: "chat", Profile: prof, Model: "chat-model"}, TimeScale: 100, DefaultMaxTokens: 2}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, lp := range pods {
+			lp.Close()
+		}
+	}()
+	y := `apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: c1}
+spec:
+  cluster: c1
+  schedulers:
+  - {name: chat, modelName: chat-model, modelSelector: {matchLabels: {pool: chat}}}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: StaticEndpoints
+metadata: {name: pods}
+spec:
+  endpoints:
+`
+	for _, lp := range pods {
+		y += fmt.Sprintf("  - {name: %s, address: %q, labels: {pool: chat}}\n", lp.Name(), lp.Addr())
+	}
+	docs, errs := config.Decode("test.yaml", []byte(y))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	snap, err := config.Build(docs, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gateway.New(gateway.Config{Cluster: "c1", Logger: quiet, Scrape: scrape.Config{Interval: 10 * time.Millisecond}}, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	gw.Start(ctx, nil)
+	podCounters := func() (h, q uint64) {
+		for _, lp := range pods {
+			m := lp.Metrics()
+			h, q = h+m.PrefixCacheHits, q+m.PrefixCacheQueries
+		}
+		return h, q
+	}
+	scrapedAll := func() bool {
+		h, q := podCounters()
+		gh, gq := gw.Pools()[0].PodPrefix()
+		return gh == h && gq == q
+	}
+	eventually(t, "the pods' prefix counters scraped", scrapedAll)
+	p := NewPublisher(gw, Config{Region: "r1", Cluster: "c1", Logger: quiet})
+	p.publish(time.Now())
+	h0, q0 := podCounters()
+
+	body := `{"model":"chat-model","max_tokens":2,"prompt":"` + strings.Repeat("the same long preamble ", 200) + `"}`
+	for range 4 {
+		resp, err := http.Post("http://"+pods[0].Addr()+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	h1, q1 := podCounters()
+	if h1 == h0 {
+		t.Fatalf("the pods counted no prefix hits (%d/%d)", h1, q1)
+	}
+	eventually(t, "the pods' prefix counters scraped", scrapedAll)
+	p.publish(time.Now())
+	want := float64(h1-h0) / float64(q1-q0)
+	if got := p.Latest().Pools[0].PrefixHitRatio; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("prefix hit ratio %v, want the pods' %v", got, want)
+	}
+}
+
+// eventually polls cond until it holds or 20 s pass: live pods and
+// scrapers run on the wall clock over real sockets.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		<-tick.C
 	}
 }

@@ -170,7 +170,9 @@ type PoolDigest struct {
 	// Version increases with every digest of this pool from one replica.
 	Version          uint64 `protobuf:"varint,18,opt,name=version,proto3" json:"version,omitempty"`
 	ProducedUnixNano int64  `protobuf:"varint,19,opt,name=produced_unix_nano,json=producedUnixNano,proto3" json:"produced_unix_nano,omitempty"`
-	// Prefix-cache hit ratio estimated from the index over the recent window.
+	// Prefix-cache hit ratio over the recent window: the index's estimate,
+	// or, when the index reports none, the pods' own counters
+	// (vllm:prefix_cache_hits / vllm:prefix_cache_queries).
 	PrefixHitRatio float64 `protobuf:"fixed64,20,opt,name=prefix_hit_ratio,json=prefixHitRatio,proto3" json:"prefix_hit_ratio,omitempty"`
 	// Saturation is priority.Saturation's Value: the mean over fresh ready
 	// pods of max(queue/5, kv/0.8) (by default); 1 or more is saturated.
