@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
+	"sync"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -340,4 +342,83 @@ func TestHealth(t *testing.T) {
 	if _, err := hc.Check(t.Context(), &grpc_health_v1.HealthCheckRequest{Service: "nope"}); err == nil {
 		t.Fatal("health of an unknown service: no error")
 	}
+}
+
+// TestConcurrentStreams runs many streams at once, a third of them
+// cancelled at random points, under the race detector: every stream ends
+// and the in-flight accounting returns to zero.
+func TestConcurrentStreams(t *testing.T) {
+	p := newPlatform(t, nil, 200)
+	const n = 48
+	errs := make(chan string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			st, err := p.client.Process(ctx)
+			if err != nil {
+				errs <- err.Error()
+				return
+			}
+			body := chat("chat-model", fmt.Sprintf("%s question %d", strings.Repeat("shared context ", 200), i), i%2 == 0)
+			if err := st.Send(headersOnly()); err != nil {
+				errs <- err.Error()
+				return
+			}
+			if i%3 == 1 {
+				st.Send(bodyChunk(body[:len(body)/2], false))
+				cancel() // mid-body
+				return
+			}
+			if err := st.Send(bodyChunk(body, true)); err != nil {
+				errs <- err.Error()
+				return
+			}
+			var dest string
+			for dest == "" {
+				r, err := st.Recv()
+				if err != nil {
+					errs <- err.Error()
+					return
+				}
+				for _, h := range r.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+					dest = string(h.GetHeader().GetRawValue())
+				}
+			}
+			if i%3 == 2 {
+				cancel() // after the decision, before the response
+				return
+			}
+			for { // the body coming back
+				r, err := st.Recv()
+				if err != nil {
+					errs <- err.Error()
+					return
+				}
+				if r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetEndOfStream() {
+					break
+				}
+			}
+			st.Send(responseHeaders(200))
+			st.Recv()
+			st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+				ResponseBody: &extprocv3.HttpBody{Body: []byte("{}"), EndOfStream: true}}})
+			st.Recv()
+			st.CloseSend()
+			if _, err := st.Recv(); err != io.EOF {
+				errs <- fmt.Sprintf("stream %d end: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	eventually(t, "every stream closed and nothing in flight", func() bool {
+		return p.srv.Active() == 0 && p.inFlight() == 0
+	})
 }
