@@ -119,48 +119,34 @@ func StartPods(ctx context.Context, spec PodSpec, k int) ([]*LivePod, error) {
 	return pods, nil
 }
 
-// StartPod starts one live pod listening on spec.Host:port (0 for an
-// ephemeral port). spec.Pod.Name is used as is.
-func StartPod(ctx context.Context, spec PodSpec, port int) (*LivePod, error) {
+// newLivePod validates spec and builds a pod with its metrics, not yet
+// listening or driven.
+func newLivePod(spec PodSpec) (*LivePod, http.Handler, error) {
 	pod, err := NewPod(spec.Pod)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	names, err := ParseMetricNames(string(spec.Metrics))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if spec.TimeScale < 0 {
-		return nil, fmt.Errorf("sim: time scale %v is negative", spec.TimeScale)
+		return nil, nil, fmt.Errorf("sim: time scale %v is negative", spec.TimeScale)
 	}
 	if spec.DefaultMaxTokens < 0 {
-		return nil, fmt.Errorf("sim: default max tokens %d is negative", spec.DefaultMaxTokens)
+		return nil, nil, fmt.Errorf("sim: default max tokens %d is negative", spec.DefaultMaxTokens)
 	}
-	host := spec.Host
-	if host == "" {
-		host = "127.0.0.1"
-	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-	if err != nil {
-		return nil, fmt.Errorf("sim: pod %s: %w", spec.Pod.Name, err)
-	}
-	dctx, stop := context.WithCancel(context.Background())
 	lp := &LivePod{
-		pod:      pod,
-		spec:     spec,
-		scale:    spec.TimeScale,
-		start:    time.Now(),
-		ln:       ln,
-		kick:     make(chan struct{}, 1),
-		stop:     stop,
-		stopping: dctx.Done(),
-		driven:   make(chan struct{}),
-		changed:  make(chan struct{}),
+		pod:     pod,
+		spec:    spec,
+		scale:   spec.TimeScale,
+		kick:    make(chan struct{}, 1),
+		driven:  make(chan struct{}),
+		changed: make(chan struct{}),
 	}
 	if lp.scale == 0 {
 		lp.scale = 1
 	}
-	reg := prometheus.NewRegistry()
 	constLabels := prometheus.Labels{}
 	if spec.LabelMetrics {
 		maps.Copy(constLabels, spec.Pod.Labels)
@@ -171,21 +157,40 @@ func StartPod(ctx context.Context, spec PodSpec, port int) (*LivePod, error) {
 		// Scrapers that predate UTF-8 names (GIE, older Prometheus) reject
 		// anything else.
 		if !model.LabelName(name).IsValidLegacy() {
-			ln.Close()
-			stop()
-			return nil, fmt.Errorf("sim: pod %s: metric label %q is not a valid Prometheus label name", spec.Pod.Name, name)
+			return nil, nil, fmt.Errorf("sim: pod %s: metric label %q is not a valid Prometheus label name", spec.Pod.Name, name)
 		}
 	}
+	reg := prometheus.NewRegistry()
 	lp.metrics = newPodCollector(lp, names, constLabels)
 	if err := reg.Register(lp.metrics); err != nil {
-		ln.Close()
-		stop()
-		return nil, fmt.Errorf("sim: pod %s: metrics: %w", spec.Pod.Name, err)
+		return nil, nil, fmt.Errorf("sim: pod %s: metrics: %w", spec.Pod.Name, err)
 	}
+	return lp, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
+}
+
+// StartPod starts one live pod listening on spec.Host:port (0 for an
+// ephemeral port). spec.Pod.Name is used as is.
+func StartPod(ctx context.Context, spec PodSpec, port int) (*LivePod, error) {
+	lp, metrics, err := newLivePod(spec)
+	if err != nil {
+		return nil, err
+	}
+	host := spec.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return nil, fmt.Errorf("sim: pod %s: %w", spec.Pod.Name, err)
+	}
+	lp.ln = ln
 	lp.srv = &http.Server{
-		Handler:           lp.routes(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})),
+		Handler:           lp.routes(metrics),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
+	dctx, stop := context.WithCancel(context.Background())
+	lp.stop, lp.stopping = stop, dctx.Done()
+	lp.start = time.Now()
 	go lp.drive(dctx)
 	go lp.srv.Serve(ln)
 	unhook := context.AfterFunc(ctx, func() { lp.Close() })
