@@ -41,6 +41,8 @@ var (
 		1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}
 	e2eBuckets = []float64{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
 		40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}
+	tpotBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+		1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}
 )
 
 // podCollector exposes a live pod's state, read at scrape time, plus its
@@ -52,7 +54,7 @@ type podCollector struct {
 	waiting, running, kvUsage, loraInfo, cacheInfo *prometheus.Desc
 	hits, queries, promptTokens, genTokens         *prometheus.Desc
 	preemptions, hitRate                           *prometheus.Desc
-	ttft, e2e                                      *prometheus.HistogramVec
+	ttft, e2e, tpot                                *prometheus.HistogramVec
 	model                                          string
 }
 
@@ -98,9 +100,14 @@ func newPodCollector(lp *LivePod, names MetricNames, constLabels prometheus.Labe
 		Name: prefix + "e2e_request_latency_seconds", Help: "Histogram of end to end request latency in seconds.",
 		Buckets: e2eBuckets, ConstLabels: constLabels,
 	}, model)
+	c.tpot = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: prefix + "time_per_output_token_seconds", Help: "Histogram of time per output token in seconds.",
+		Buckets: tpotBuckets, ConstLabels: constLabels,
+	}, model)
 	// Expose empty histograms from the start, as vLLM does.
 	c.ttft.WithLabelValues(c.model)
 	c.e2e.WithLabelValues(c.model)
+	c.tpot.WithLabelValues(c.model)
 	return c
 }
 
@@ -113,6 +120,9 @@ func (c *podCollector) observe(o *Outcome) {
 		c.ttft.WithLabelValues(c.model).Observe(ttft.Seconds())
 	}
 	c.e2e.WithLabelValues(c.model).Observe((o.Finish - o.Arrival).Seconds())
+	if o.OutputTokens > 1 {
+		c.tpot.WithLabelValues(c.model).Observe((o.Finish - o.FirstToken).Seconds() / float64(o.OutputTokens-1))
+	}
 }
 
 func (c *podCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -124,6 +134,7 @@ func (c *podCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	c.ttft.Describe(ch)
 	c.e2e.Describe(ch)
+	c.tpot.Describe(ch)
 }
 
 func (c *podCollector) Collect(ch chan<- prometheus.Metric) {
@@ -160,4 +171,5 @@ func (c *podCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.preemptions, m.Preemptions)
 	c.ttft.Collect(ch)
 	c.e2e.Collect(ch)
+	c.tpot.Collect(ch)
 }
