@@ -81,8 +81,9 @@ type Server struct {
 	// MaxBodyBytes limits request bodies; a longer one is answered 413.
 	// Zero means request.DefaultMaxBytes (4 MiB).
 	MaxBodyBytes int64
-	// BodyMode is the request body mode assumed when Envoy does not say
-	// (Envoy sends its processing mode in protocol_config since 1.33).
+	// BodyMode is the request and response body mode assumed when Envoy
+	// does not say (Envoy sends its processing mode in protocol_config
+	// since 1.33).
 	// Zero (NONE) means FULL_DUPLEX_STREAMED, what GIE's gateways
 	// configure. It must match the filter's processing_mode: a picker that
 	// waits for a body Envoy will not send without a response stalls the
@@ -225,7 +226,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	s.init()
 	s.active.Add(1)
 	defer s.active.Add(-1)
-	f := &flow{s: s, stream: stream, reqMode: s.BodyMode, respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
+	f := &flow{s: s, stream: stream, reqMode: s.BodyMode, respMode: s.BodyMode}
 	defer f.finish()
 	for {
 		req, err := stream.Recv()
