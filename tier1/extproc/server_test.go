@@ -422,3 +422,37 @@ func TestConcurrentStreams(t *testing.T) {
 		return p.srv.Active() == 0 && p.inFlight() == 0
 	})
 }
+
+// TestModeWithoutProtocolConfig: an Envoy that does not send its
+// processing mode gets the one the Server is configured for.
+func TestModeWithoutProtocolConfig(t *testing.T) {
+	p := newPlatform(t, &extproc.Server{BodyMode: filterv3.ProcessingMode_BUFFERED}, 50)
+	st, err := p.client.Process(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := headersOnly()
+	h.ProtocolConfig = nil
+	p.sendT(t, st, h)
+	// BUFFERED: the headers are answered at once, before any body.
+	if r := p.recvT(t, st); r.GetRequestHeaders() == nil || r.GetRequestHeaders().GetResponse().GetHeaderMutation() != nil {
+		t.Fatalf("want an empty request headers response, got %v", r)
+	}
+	p.sendT(t, st, bodyChunk(chat("chat-model", "hi", false), true))
+	pk := &picked{}
+	pk.read(t, p.recvT(t, st))
+	if pk.immediate != nil || !p.inPool("chat", pk.primary()) || pk.dest != pk.meta {
+		t.Fatalf("immediate %v, destination %q, metadata %q", pk.immediate, pk.dest, pk.meta)
+	}
+	// The response body is acknowledged, not echoed, in BUFFERED mode.
+	p.sendT(t, st, responseHeaders(200))
+	p.recvT(t, st)
+	p.sendT(t, st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+		ResponseBody: &extprocv3.HttpBody{Body: []byte("{}"), EndOfStream: true}}})
+	if r := p.recvT(t, st); r.GetResponseBody() == nil || r.GetResponseBody().GetResponse().GetBodyMutation() != nil {
+		t.Fatalf("want a plain response body response, got %v", r)
+	}
+	if n := p.inFlight(); n != 0 {
+		t.Fatalf("in flight after the response: %d", n)
+	}
+}
