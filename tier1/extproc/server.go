@@ -47,6 +47,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -89,13 +90,19 @@ type Server struct {
 	// waits for a body Envoy will not send without a response stalls the
 	// request until Envoy's message timeout.
 	BodyMode filterv3.ProcessingMode_BodySendMode
+	// Registerer receives the picker's metrics (open streams, immediate
+	// responses by status); nil means none. Requests, TTFT and rejections
+	// are the gateway's metrics.
+	Registerer prometheus.Registerer
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 
-	once   sync.Once
-	bufs   sync.Pool // *[]byte body buffers
-	active atomic.Int64
-	health *health.Server
+	once      sync.Once
+	bufs      sync.Pool // *[]byte body buffers
+	active    atomic.Int64
+	health    *health.Server
+	streams   prometheus.Gauge
+	immediate *prometheus.CounterVec
 }
 
 func (s *Server) init() {
@@ -107,6 +114,13 @@ func (s *Server) init() {
 			s.BodyMode = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 		}
 		s.bufs.New = func() any { b := make([]byte, 0, 64<<10); return &b }
+		s.streams = prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_tier1_extproc_streams",
+			Help: "ext_proc streams open (one per HTTP request Envoy is processing)."})
+		s.immediate = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier1_extproc_immediate_responses_total",
+			Help: "Requests the ext_proc picker answered itself, by HTTP status."}, []string{"code"})
+		if s.Registerer != nil {
+			s.Registerer.MustRegister(s.streams, s.immediate)
+		}
 		s.health = health.NewServer()
 		s.health.SetServingStatus("liveness", healthpb.HealthCheckResponse_SERVING)
 		s.health.SetServingStatus("readiness", healthpb.HealthCheckResponse_NOT_SERVING)
@@ -225,7 +239,8 @@ func ServerOptions() []grpc.ServerOption {
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	s.init()
 	s.active.Add(1)
-	defer s.active.Add(-1)
+	s.streams.Inc()
+	defer func() { s.active.Add(-1); s.streams.Dec() }()
 	f := &flow{s: s, stream: stream, reqMode: s.BodyMode, respMode: s.BodyMode}
 	defer f.finish()
 	for {
@@ -528,6 +543,7 @@ func (f *flow) send(r *extprocv3.ProcessingResponse) error {
 
 // immediate answers the request with an error and ends the stream.
 func (f *flow) immediate(e *request.APIError) error {
+	f.s.immediate.WithLabelValues(strconv.Itoa(e.Status)).Inc()
 	body, _ := json.Marshal(e.Body())
 	set := []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")}}}
 	if e.RetryAfter > 0 {

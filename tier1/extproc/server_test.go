@@ -12,6 +12,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -56,7 +57,8 @@ func errorBody(t *testing.T, ir *extprocv3.ImmediateResponse) (typ, code, msg st
 }
 
 func TestRouting(t *testing.T) {
-	p := newPlatform(t, &extproc.Server{MaxBodyBytes: 64 << 10}, 50)
+	reg := prometheus.NewRegistry()
+	p := newPlatform(t, &extproc.Server{MaxBodyBytes: 64 << 10, Registerer: reg}, 50)
 	cases := []struct {
 		name     string
 		path     string
@@ -118,6 +120,32 @@ func TestRouting(t *testing.T) {
 			})
 		}
 	}
+	// Two modes: each immediate status was answered twice.
+	for code, want := range map[string]float64{"400": 4, "404": 2, "413": 2, "503": 0} {
+		if got := counter(t, reg, "meridian_tier1_extproc_immediate_responses_total", code); got != want {
+			t.Errorf("immediate responses %s: %v, want %v", code, got, want)
+		}
+	}
+}
+
+// counter reads one counter, by its single label's value, from a registry.
+func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == label {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
 
 func TestLargeBodyChunked(t *testing.T) {
