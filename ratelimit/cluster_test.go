@@ -278,9 +278,9 @@ func TestGlobalAccuracy(t *testing.T) {
 			c := newSimCluster(t, 3, 3, tc.tenants, nil)
 			c.drop, c.tokens, c.used = tc.drop, tc.tokens, tc.used
 			c.setDemand(tc.demand, tc.split...)
-			c.run(40 * time.Second)
-			per := c.admittedBetween(10*time.Second, 40*time.Second)
-			got := float64(sum(per)) * tc.perUnit / 30
+			c.run(25 * time.Second)
+			per := c.admittedBetween(5*time.Second, 25*time.Second)
+			got := float64(sum(per)) * tc.perUnit / 20
 			if math.Abs(got-tc.wantRate)/tc.wantRate > 0.05 {
 				t.Fatalf("admitted %.0f units/s, want %.0f ±5%% (per Region %v)", got, tc.wantRate, per)
 			}

@@ -12,11 +12,12 @@ import (
 )
 
 // The exchange. Every SyncInterval each instance folds the units attempted
-// against each limit into a demand estimate (units per second), gossips the
-// estimates, and sets its share of each limit to its demand over the sum of
-// every live instance's demand (each counted at least MinShare of the
-// limit). Local buckets then refill at share × rate. When all instances see
-// the same estimates the shares sum to exactly 1.
+// against each limit into a demand estimate (units per second), sets its
+// share of each limit to its demand over the sum of every live instance's
+// demand (each counted at least MinShare of the limit), and gossips both
+// the estimates and the shares it took. Local buckets refill at share ×
+// rate. When all instances see the same estimates the shares sum to
+// exactly 1. A peer that falls silent keeps the share it last reported.
 //
 // The Limiter speaks the shape of a gossip channel: LocalState for
 // push/pull (every entry this instance knows, so state spreads through any
@@ -28,11 +29,13 @@ type peer struct {
 	seq     uint64
 	heard   time.Time // when the origin produced the entry, on our clock
 	leaving bool
-	demand  map[uint64]float64 // limit hash → units per second
-	// share is the peer's share of each limit as of the first sync after
-	// its latest report: what it holds while silent.
-	share    map[uint64]float64
-	reported bool // a report arrived since the last sync
+	limits  map[uint64]report // limit hash → the peer's demand and share
+}
+
+// report is one instance's state for one limit.
+type report struct {
+	demand float64 // units per second, smoothed
+	share  float64 // the fraction of the limit the instance holds
 }
 
 // entry is one origin's report on the wire.
@@ -41,17 +44,21 @@ type entry struct {
 	seq     uint64
 	age     time.Duration // how long ago the sender heard it; 0 from the origin
 	leaving bool
-	demand  map[uint64]float64
+	limits  map[uint64]report
 }
 
-const wireVersion = 1
+const (
+	wireVersion = 2
+	reportSize  = 16 // hash u64, demand f32, share f32
+)
 
 var errPayload = errors.New("ratelimit: malformed exchange payload")
 
 // appendEntry encodes one entry:
 //
 //	origin (uvarint length, bytes) · seq (uvarint) · age in ms (uvarint) ·
-//	flags (byte; 1 = leaving) · count (uvarint) · count × (hash u64le, demand f32le)
+//	flags (byte; 1 = leaving) · count (uvarint) ·
+//	count × (hash u64le, demand f32le, share f32le)
 func appendEntry(b []byte, e *entry) []byte {
 	b = binary.AppendUvarint(b, uint64(len(e.origin)))
 	b = append(b, e.origin...)
@@ -62,10 +69,11 @@ func appendEntry(b []byte, e *entry) []byte {
 		flags = 1
 	}
 	b = append(b, flags)
-	b = binary.AppendUvarint(b, uint64(len(e.demand)))
-	for h, d := range e.demand {
+	b = binary.AppendUvarint(b, uint64(len(e.limits)))
+	for h, r := range e.limits {
 		b = binary.LittleEndian.AppendUint64(b, h)
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(d)))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.demand)))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.share)))
 	}
 	return b
 }
@@ -120,18 +128,22 @@ func decode(p []byte) ([]entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		if n > uint64(len(p))/12 {
-			return nil, fmt.Errorf("%w: %d demands in %d bytes", errPayload, n, len(p))
+		if n > uint64(len(p))/reportSize {
+			return nil, fmt.Errorf("%w: %d limits in %d bytes", errPayload, n, len(p))
 		}
-		e.demand = make(map[uint64]float64, n)
+		e.limits = make(map[uint64]report, n)
 		for range n {
 			h := binary.LittleEndian.Uint64(p)
 			d := float64(math.Float32frombits(binary.LittleEndian.Uint32(p[8:])))
-			p = p[12:]
+			sh := float64(math.Float32frombits(binary.LittleEndian.Uint32(p[12:])))
+			p = p[reportSize:]
 			if math.IsNaN(d) || math.IsInf(d, 0) || d < 0 {
 				return nil, fmt.Errorf("%w: demand %v", errPayload, d)
 			}
-			e.demand[h] = d
+			if math.IsNaN(sh) || sh < 0 || sh > 1 {
+				return nil, fmt.Errorf("%w: share %v", errPayload, sh)
+			}
+			e.limits[h] = report{demand: d, share: sh}
 		}
 		out = append(out, e)
 	}
@@ -159,7 +171,7 @@ func (l *Limiter) LocalState() []byte {
 		if age > l.cfg.PeerTimeout {
 			continue
 		}
-		body = appendEntry(body, &entry{origin: origin, seq: p.seq, age: max(age, 0), leaving: p.leaving, demand: p.demand})
+		body = appendEntry(body, &entry{origin: origin, seq: p.seq, age: max(age, 0), leaving: p.leaving, limits: p.limits})
 		count++
 	}
 	b = binary.AppendUvarint(b, count)
@@ -196,7 +208,7 @@ func (l *Limiter) Merge(from string, payload []byte) {
 			p = &peer{}
 			l.peers[e.origin] = p
 		}
-		p.seq, p.heard, p.leaving, p.demand, p.reported = e.seq, heard, e.leaving, e.demand, true
+		p.seq, p.heard, p.leaving, p.limits = e.seq, heard, e.leaving, e.limits
 		if !e.leaving {
 			l.heard = true
 		}
@@ -250,36 +262,26 @@ func (l *Limiter) SyncAt(now time.Time) []byte {
 	l.lastSync = now
 	alpha := 1 - math.Exp(-dt/l.cfg.DemandTimeConstant.Seconds())
 
-	// Fold the demand measured since the last sync, under each tenant's lock.
-	own := &entry{origin: l.cfg.Instance, demand: map[uint64]float64{}}
+	// Fold the demand measured since the last sync, under each tenant's
+	// lock. Only Sync writes lim.demand, and updateMu serialises Syncs.
 	var lims []*limit
 	for _, t := range ts {
 		t.mu.Lock()
 		for _, lim := range t.all {
 			sample := lim.pending / dt
 			lim.pending = 0
-			lim.demand += alpha * (sample - lim.demand)
-			if lim.demand < 0 {
-				lim.demand = 0
-			}
-			if lim.demand > 1e-9 {
-				own.demand[lim.hash] = lim.demand
-			}
+			lim.demand = math.Max(0, lim.demand+alpha*(sample-lim.demand))
 			lims = append(lims, lim)
 		}
 		t.mu.Unlock()
 	}
 
-	// Sum every live peer's weight for each of our limits.
-	l.viewMu.Lock()
-	l.seq = max(l.seq+1, uint64(ns))
-	own.seq, own.leaving = l.seq, l.leaving
-	l.own = appendEntry(l.own[:0], own)
 	// Fresh peers' shares follow their demand. A peer silent for longer
 	// than StaleAfter (cut off, or its reports lost) keeps the share it
-	// had, so a partition leaves every side with what it held and demand
-	// growing on one side cannot squeeze the other; after PeerTimeout it
-	// holds nothing.
+	// last reported, so a partition leaves every side with what it held and
+	// demand growing on one side cannot squeeze the other; after
+	// PeerTimeout it holds nothing.
+	l.viewMu.Lock()
 	var fresh, held []*peer
 	for origin, p := range l.peers {
 		switch age := now.Sub(p.heard); {
@@ -293,69 +295,65 @@ func (l *Limiter) SyncAt(now time.Time) []byte {
 		}
 	}
 	warming := len(fresh)+len(held) == 0 && !l.heard && now.Sub(l.started) < l.cfg.Warmup
-	others := make([]float64, len(lims))    // fresh peers' weights
-	heldShare := make([]float64, len(lims)) // held peers' shares
-	saturated := make([]bool, len(lims))    // total demand above the limit
+	shares := make([]float64, len(lims))
+	saturated := make([]bool, len(lims)) // total demand above the limit
 	for i, lim := range lims {
+		if warming {
+			shares[i] = l.cfg.InitialShare
+			continue
+		}
 		floor := l.cfg.MinShare * lim.perSec
 		self := math.Max(lim.demand, floor)
-		demand := lim.demand
+		others, demand := 0.0, lim.demand
 		for _, p := range fresh {
-			others[i] += math.Max(p.demand[lim.hash], floor)
-			demand += p.demand[lim.hash]
+			r := p.limits[lim.hash]
+			others += math.Max(r.demand, floor)
+			demand += r.demand
 		}
+		var heldShare float64
 		for _, p := range held {
-			demand += p.demand[lim.hash]
+			r, ok := p.limits[lim.hash]
+			if !ok { // no demand there when it went quiet: the floor's share
+				r.share = floor / (self + others + floor)
+			}
+			heldShare += r.share
+			demand += r.demand
 		}
+		heldShare = math.Min(heldShare, 1-l.cfg.MinShare)
+		shares[i] = (1 - heldShare) * self / (self + others)
 		saturated[i] = demand > lim.perSec
-		for _, p := range held {
-			r, ok := p.share[lim.hash]
-			if !ok { // a limit p never reported on: the floor's share
-				r = floor / (self + others[i] + floor)
-			}
-			heldShare[i] += r
-		}
-		heldShare[i] = math.Min(heldShare[i], 1-l.cfg.MinShare)
-		// Remember what each peer that just reported holds now: the
-		// share it keeps if it falls silent.
-		for _, p := range fresh {
-			if p.reported {
-				if p.share == nil {
-					p.share = map[uint64]float64{}
-				}
-				p.share[lim.hash] = (1 - heldShare[i]) * math.Max(p.demand[lim.hash], floor) / (self + others[i])
-			}
-		}
 	}
-	for _, p := range fresh {
-		p.reported = false
-	}
-	payload := append([]byte{wireVersion, 1}, l.own...)
 	l.viewMu.Unlock()
 
 	// Resize every local bucket to its new share.
+	own := &entry{origin: l.cfg.Instance, limits: map[uint64]report{}}
 	i := 0
 	for _, t := range ts {
 		t.mu.Lock()
 		for _, lim := range t.all {
-			share := l.cfg.InitialShare
-			if !warming {
-				self := math.Max(lim.demand, l.cfg.MinShare*lim.perSec)
-				share = (1 - heldShare[i]) * self / (self + others[i])
-			}
-			lim.share = share
+			share := shares[i]
 			burst := lim.burst
 			if saturated[i] {
 				burst = math.Min(burst, lim.perSec*l.cfg.SaturatedBurst.Seconds())
 			}
+			lim.share = share
 			lim.b.advance(ns)
 			lim.b.resize(lim.perSec*share, burst*share)
 			lim.shareG.Set(share)
+			if lim.demand > 1e-9 {
+				own.limits[lim.hash] = report{demand: lim.demand, share: share}
+			}
 			i++
 		}
 		t.mu.Unlock()
 	}
-	return payload
+
+	l.viewMu.Lock()
+	defer l.viewMu.Unlock()
+	l.seq = max(l.seq+1, uint64(ns))
+	own.seq, own.leaving = l.seq, l.leaving
+	l.own = appendEntry(l.own[:0], own)
+	return append([]byte{wireVersion, 1}, l.own...)
 }
 
 // Leave marks this instance as leaving and returns a payload that tells

@@ -78,6 +78,7 @@ func TestStaleAndExpiredPeers(t *testing.T) {
 		for range 50 {
 			b.Allow(Request{Tenant: "acme"})
 		}
+		b.Merge("a", a.Sync())
 		a.Merge("b", b.Sync())
 		a.Sync()
 		share := func() float64 {
