@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
@@ -72,6 +73,9 @@ type Config struct {
 	// Headroom). Zero fields take priority.DefaultThresholds: queue 5, KV
 	// 0.8, metrics older than 2 s are stale.
 	Thresholds priority.Thresholds
+	// Registerer receives the feed's metrics (subscribers, digests
+	// published by reason); nil means none.
+	Registerer prometheus.Registerer
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -126,13 +130,25 @@ type Publisher struct {
 	last     time.Time                  // of the last publication
 	prefix   map[string][]prefixCounter // by pool: pod-reported counters at publications, oldest first
 
+	subscribers prometheus.Gauge
+	published   *prometheus.CounterVec
+
 	tier1v1.UnimplementedPoolHealthServer
 }
 
 // NewPublisher returns a publisher of src's pools. Run starts it.
 func NewPublisher(src Source, cfg Config) *Publisher {
-	return &Publisher{src: src, cfg: cfg.withDefaults(), versions: map[string]uint64{},
-		subs: map[chan *tier1v1.ClusterDigest]struct{}{}, prefix: map[string][]prefixCounter{}}
+	p := &Publisher{src: src, cfg: cfg.withDefaults(), versions: map[string]uint64{},
+		subs: map[chan *tier1v1.ClusterDigest]struct{}{}, prefix: map[string][]prefixCounter{},
+		subscribers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_tier1_health_subscribers",
+			Help: "Subscribers to the pool-health feed (Tier-2 instances)."}),
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier1_health_digests_total",
+			Help: "Cluster digests published, by reason: interval, or change (published early on a significant change)."}, []string{"reason"}),
+	}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(p.subscribers, p.published)
+	}
+	return p
 }
 
 // Register adds the PoolHealth service to g.
@@ -142,6 +158,7 @@ func (p *Publisher) Register(g grpc.ServiceRegistrar) { tier1v1.RegisterPoolHeal
 // significant changes.
 func (p *Publisher) Run(ctx context.Context) {
 	p.publish(time.Now())
+	p.published.WithLabelValues("interval").Inc()
 	t := time.NewTicker(p.cfg.CheckInterval)
 	defer t.Stop()
 	for {
@@ -162,13 +179,16 @@ func (p *Publisher) Check(now time.Time) bool {
 	due := now.Sub(p.last) >= p.cfg.Interval
 	prev := p.latest
 	p.mu.Unlock()
+	reason := "interval"
 	if !due {
 		cur := p.digest(now, false)
 		if !significant(prev, cur, p.cfg) {
 			return false
 		}
+		reason = "change"
 	}
 	p.publish(now)
+	p.published.WithLabelValues(reason).Inc()
 	return true
 }
 
@@ -226,6 +246,8 @@ func (p *Publisher) subscribe() (<-chan *tier1v1.ClusterDigest, func()) {
 func (p *Publisher) Watch(req *tier1v1.WatchRequest, st grpc.ServerStreamingServer[tier1v1.ClusterDigest]) error {
 	ch, stop := p.subscribe()
 	defer stop()
+	p.subscribers.Inc()
+	defer p.subscribers.Dec()
 	p.cfg.Logger.Debug("tier1: pool-health subscriber joined", "subscriber", req.GetSubscriber())
 	for {
 		select {

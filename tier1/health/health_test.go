@@ -14,6 +14,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
@@ -111,7 +112,8 @@ func TestPublishTiming(t *testing.T) {
 				for _, ep := range eps {
 					ep.SetMetrics(scraped(1, 2, 0.2))
 				}
-				p := NewPublisher(gw, Config{Region: "r1", Cluster: "c1", Logger: quiet})
+				reg := prometheus.NewRegistry()
+				p := NewPublisher(gw, Config{Region: "r1", Cluster: "c1", Logger: quiet, Registerer: reg})
 				ctx, cancel := context.WithCancel(t.Context())
 				defer cancel()
 				go p.Run(ctx)
@@ -144,6 +146,13 @@ func TestPublishTiming(t *testing.T) {
 				synctest.Wait()
 				if v := version(p); v != want+1 {
 					t.Fatalf("after the interval: version %d, want %d", v, want+1)
+				}
+				changes := 0.0
+				if tc.early {
+					changes = 1
+				}
+				if got := counter(t, reg, "meridian_tier1_health_digests_total", "change"); got != changes {
+					t.Fatalf("digests published on a change: %v, want %v", got, changes)
 				}
 			})
 		})
@@ -426,4 +435,24 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		<-tick.C
 	}
+}
+
+// counter reads one counter, by its single label's value, from a registry.
+func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == label {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
