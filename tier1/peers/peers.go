@@ -185,7 +185,7 @@ func (x *Exchange) Register(g grpc.ServiceRegistrar) { tier1v1.RegisterReplicasS
 // replica's events to every peer until ctx ends. The returned channel is
 // closed when every sender has stopped. Events received before Start are
 // counted as unknown and dropped, so start it before serving the gRPC
-// server it is registered on.
+// server it is registered on. Start it once.
 func (x *Exchange) Start(ctx context.Context, into Applier) <-chan struct{} {
 	x.into.Store(&applierBox{into})
 	var wg sync.WaitGroup
@@ -213,12 +213,12 @@ func (x *Exchange) runPeer(ctx context.Context, p *peer) {
 	client := tier1v1.NewReplicasClient(conn)
 	backoff := x.cfg.MinBackoff
 	for ctx.Err() == nil {
-		sent, err := x.stream(ctx, client, p)
+		opened, err := x.stream(ctx, client, p)
 		if ctx.Err() != nil {
 			return
 		}
-		if sent > 0 {
-			backoff = x.cfg.MinBackoff // it worked for a while
+		if opened {
+			backoff = x.cfg.MinBackoff // the peer was up: start over
 		}
 		x.log.Debug("tier1: peer stream ended; reconnecting", "peer", p.addr, "error", err)
 		wait := backoff/2 + rand.N(backoff)
@@ -233,14 +233,14 @@ func (x *Exchange) runPeer(ctx context.Context, p *peer) {
 	}
 }
 
-// stream sends queued events on one stream until it fails or ctx ends,
-// and reports how many it sent.
-func (x *Exchange) stream(ctx context.Context, client tier1v1.ReplicasClient, p *peer) (int, error) {
+// stream sends queued events on one stream until it fails or ctx ends.
+// It reports whether the stream opened.
+func (x *Exchange) stream(ctx context.Context, client tier1v1.ReplicasClient, p *peer) (bool, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := client.Exchange(sctx)
 	if err != nil {
-		return 0, fmt.Errorf("peers: opening a stream to %s: %w", p.addr, err)
+		return false, fmt.Errorf("peers: opening a stream to %s: %w", p.addr, err)
 	}
 	p.connected.Store(true)
 	x.metrics.connected.WithLabelValues(p.addr).Set(1)
@@ -261,15 +261,14 @@ func (x *Exchange) stream(ctx context.Context, client tier1v1.ReplicasClient, p 
 	}()
 	msg := &tier1v1.PeerEvents{Replica: x.cfg.Replica}
 	var store []*tier1v1.PrefixEvent // reused across messages: Send marshals before it returns
-	sent := 0
 	for {
 		var it item
 		select {
 		case <-ctx.Done():
 			st.CloseSend()
-			return sent, nil
+			return true, nil
 		case err := <-ended:
-			return sent, fmt.Errorf("peers: stream to %s: %w", p.addr, err)
+			return true, fmt.Errorf("peers: stream to %s: %w", p.addr, err)
 		case it = <-p.queue:
 		}
 		msg.Prefix = msg.Prefix[:0]
@@ -303,9 +302,8 @@ func (x *Exchange) stream(ctx context.Context, client tier1v1.ReplicasClient, p 
 			if errors.Is(err, io.EOF) {
 				err = <-ended // the real reason
 			}
-			return sent, fmt.Errorf("peers: sending to %s: %w", p.addr, err)
+			return true, fmt.Errorf("peers: sending to %s: %w", p.addr, err)
 		}
-		sent += len(evs)
 		p.sent.Add(int64(len(evs)))
 		x.metrics.events.WithLabelValues(p.addr, "sent").Add(float64(len(evs)))
 	}
