@@ -484,3 +484,47 @@ func TestModeWithoutProtocolConfig(t *testing.T) {
 		t.Fatalf("in flight after the response: %d", n)
 	}
 }
+
+// TestUnexpectedSequences sends messages Envoy would not send in that
+// order; the picker answers or ends the stream, never panics, and leaves
+// nothing in flight.
+func TestUnexpectedSequences(t *testing.T) {
+	p := newPlatform(t, nil, 50)
+	body := chat("chat-model", "hi", false)
+	respBody := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+		ResponseBody: &extprocv3.HttpBody{Body: []byte("{}"), EndOfStream: true}}}
+	trailers := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+		RequestTrailers: &extprocv3.HttpTrailers{}}}
+	cases := map[string][]*extprocv3.ProcessingRequest{
+		"body without headers":           {bodyChunk(body, true)},
+		"response before request":        {responseHeaders(200), respBody},
+		"empty message":                  {{}},
+		"trailers end an unended body":   {headersOnly(), bodyChunk(body, false), trailers},
+		"trailers without body":          {headersOnly(), trailers},
+		"headers twice":                  {headersOnly(), headersOnly(), bodyChunk(body, true)},
+		"response body before headers":   {headersOnly(), bodyChunk(body, true), respBody},
+		"body after the end of the body": {headersOnly(), bodyChunk(body, true), bodyChunk(body, true)},
+	}
+	for name, msgs := range cases {
+		t.Run(name, func(t *testing.T) {
+			st, err := p.client.Process(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range msgs {
+				if err := st.Send(m); err != nil {
+					break // the picker ended the stream
+				}
+			}
+			st.CloseSend()
+			for {
+				if _, err := st.Recv(); err != nil {
+					break
+				}
+			}
+			eventually(t, "the stream closed and nothing in flight", func() bool {
+				return p.srv.Active() == 0 && p.inFlight() == 0
+			})
+		})
+	}
+}
