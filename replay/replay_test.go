@@ -413,9 +413,9 @@ func TestBadInput(t *testing.T) {
 
 	// The command's own checks.
 	for _, inv := range []Invocation{
-		{Trace: bad, Fleet: "x.yaml"},                                         // no policy
-		{Trace: bad, Fleet: "x.yaml", Policy: "meridian", Compare: "random"},  // both
-		{Trace: bad, Fleet: "x.yaml", Policy: "meridian", Gateway: "dir"},     // gateway without scheduler
+		{Trace: bad, Fleet: "x.yaml"},                                        // no policy
+		{Trace: bad, Fleet: "x.yaml", Policy: "meridian", Compare: "random"}, // both
+		{Trace: bad, Fleet: "x.yaml", Policy: "meridian", Gateway: "dir"},    // gateway without scheduler
 		{Trace: bad, Fleet: "x.yaml", Compare: "random,meridian", Sweep: "prefix=1"},
 		{Trace: bad, Fleet: "x.yaml", Policy: "random", Weights: "kv=1"},
 	} {
