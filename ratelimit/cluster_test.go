@@ -163,10 +163,11 @@ func (c *simCluster) run(d time.Duration) {
 				}
 			}
 			if !now.Before(n.nextSync) {
-				p := n.l.SyncAt(now)
-				for j := range c.nodes {
-					if j != i {
-						c.send(i, j, p)
+				for _, p := range n.l.SyncAt(now) {
+					for j := range c.nodes {
+						if j != i {
+							c.send(i, j, p)
+						}
 					}
 				}
 				n.nextSync = n.nextSync.Add(c.cfg.SyncInterval)
@@ -391,9 +392,10 @@ func TestLeaveReleasesShare(t *testing.T) {
 	c.run(5 * time.Second)
 	// Instance 0 shuts down cleanly; the other two take the limit.
 	gone := c.nodes[0]
-	p := gone.l.Leave()
-	c.send(0, 1, p)
-	c.send(0, 2, p)
+	for _, p := range gone.l.Leave() {
+		c.send(0, 1, p)
+		c.send(0, 2, p)
+	}
 	gone.down = true
 	c.nodes[1].demand, c.nodes[2].demand = R, R
 	start := c.clk.now.Sub(epoch)
@@ -425,7 +427,7 @@ func TestNewInstanceStartsSmall(t *testing.T) {
 		n.demand = 2 * R / 4
 	}
 	late.demand = 2 * R / 4
-	if s := l.SyncAt(c.clk.now); s == nil || (*l.tenants.Load())["acme"].all[0].share != cfg.InitialShare {
+	if s := l.SyncAt(c.clk.now); len(s) != 1 || (*l.tenants.Load())["acme"].all[0].share != cfg.InitialShare {
 		t.Fatalf("new instance share %v, want InitialShare %v", (*l.tenants.Load())["acme"].all[0].share, cfg.InitialShare)
 	}
 	c.nodes = append(c.nodes, late)

@@ -77,6 +77,12 @@ type Config struct {
 	// 2s (several memberlist push/pull rounds on a LAN).
 	Warmup time.Duration
 
+	// MaxPayload is the largest payload, in bytes, that the transport
+	// takes in one broadcast (gossip.Node.MaxPayload). A report that does
+	// not fit is split into parts, each sent on its own; each active limit
+	// costs 16 bytes. Zero means no limit: one payload per sync.
+	MaxPayload int
+
 	// Now is the clock. Nil means time.Now. Tests inject a fake clock.
 	Now func() time.Time
 
@@ -145,6 +151,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("ratelimit: config: staleAfter: %v is negative", c.StaleAfter)
 	case c.SaturatedBurst < 0:
 		return c, fmt.Errorf("ratelimit: config: saturatedBurst: %v is negative", c.SaturatedBurst)
+	case c.MaxPayload < 0:
+		return c, fmt.Errorf("ratelimit: config: maxPayload: %d is negative", c.MaxPayload)
+	case c.MaxPayload > 0 && c.MaxPayload < 64+len(c.Instance):
+		return c, fmt.Errorf("ratelimit: config: maxPayload: %d bytes cannot hold one limit's report", c.MaxPayload)
 	case c.Warmup < 0:
 		return c, fmt.Errorf("ratelimit: config: warmup: %v is negative", c.Warmup)
 	case c.MinShare < 0 || c.MinShare >= 1:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -26,8 +27,8 @@ import (
 
 // peer is what this instance knows of another.
 type peer struct {
-	seq     uint64
-	heard   time.Time // when the origin produced the entry, on our clock
+	seq     uint64    // newest report seen
+	heard   time.Time // when the origin produced it, on our clock
 	leaving bool
 	limits  map[uint64]report // limit hash → the peer's demand and share
 }
@@ -36,15 +37,21 @@ type peer struct {
 type report struct {
 	demand float64 // units per second, smoothed
 	share  float64 // the fraction of the limit the instance holds
+	seq    uint64  // the origin's sync that produced it
 }
 
-// entry is one origin's report on the wire.
+// entry is one origin's report on the wire. An instance's report may be
+// split into parts so that each fits one gossip packet: part k of n
+// carries the limits whose hash is k modulo n and is authoritative for
+// them (a limit of that class missing from it has no demand any more).
+// Entries relayed in LocalState have n = 0: they update, never delete.
 type entry struct {
-	origin  string
-	seq     uint64
-	age     time.Duration // how long ago the sender heard it; 0 from the origin
-	leaving bool
-	limits  map[uint64]report
+	origin      string
+	seq         uint64
+	age         time.Duration // how long ago the sender heard it; 0 from the origin
+	leaving     bool
+	part, parts uint64
+	limits      map[uint64]report
 }
 
 const (
@@ -57,8 +64,8 @@ var errPayload = errors.New("ratelimit: malformed exchange payload")
 // appendEntry encodes one entry:
 //
 //	origin (uvarint length, bytes) · seq (uvarint) · age in ms (uvarint) ·
-//	flags (byte; 1 = leaving) · count (uvarint) ·
-//	count × (hash u64le, demand f32le, share f32le)
+//	flags (byte; 1 = leaving) · part (uvarint) · parts (uvarint) ·
+//	count (uvarint) · count × (hash u64le, demand f32le, share f32le)
 func appendEntry(b []byte, e *entry) []byte {
 	b = binary.AppendUvarint(b, uint64(len(e.origin)))
 	b = append(b, e.origin...)
@@ -69,6 +76,8 @@ func appendEntry(b []byte, e *entry) []byte {
 		flags = 1
 	}
 	b = append(b, flags)
+	b = binary.AppendUvarint(b, e.part)
+	b = binary.AppendUvarint(b, e.parts)
 	b = binary.AppendUvarint(b, uint64(len(e.limits)))
 	for h, r := range e.limits {
 		b = binary.LittleEndian.AppendUint64(b, h)
@@ -124,6 +133,15 @@ func decode(p []byte) ([]entry, error) {
 		}
 		e.leaving = p[0]&1 != 0
 		p = p[1:]
+		if e.part, err = uv(); err != nil {
+			return nil, err
+		}
+		if e.parts, err = uv(); err != nil {
+			return nil, err
+		}
+		if e.parts > 0 && e.part >= e.parts {
+			return nil, fmt.Errorf("%w: part %d of %d", errPayload, e.part, e.parts)
+		}
 		n, err := uv()
 		if err != nil {
 			return nil, err
@@ -143,7 +161,7 @@ func decode(p []byte) ([]entry, error) {
 			if math.IsNaN(sh) || sh < 0 || sh > 1 {
 				return nil, fmt.Errorf("%w: share %v", errPayload, sh)
 			}
-			e.limits[h] = report{demand: d, share: sh}
+			e.limits[h] = report{demand: d, share: sh, seq: e.seq}
 		}
 		out = append(out, e)
 	}
@@ -162,8 +180,8 @@ func (l *Limiter) LocalState() []byte {
 	b := []byte{wireVersion}
 	var count uint64
 	var body []byte
-	if l.own != nil {
-		body = append(body, l.own...)
+	for _, part := range l.own {
+		body = append(body, part...)
 		count++
 	}
 	for origin, p := range l.peers {
@@ -171,8 +189,21 @@ func (l *Limiter) LocalState() []byte {
 		if age > l.cfg.PeerTimeout {
 			continue
 		}
-		body = appendEntry(body, &entry{origin: origin, seq: p.seq, age: max(age, 0), leaving: p.leaving, limits: p.limits})
-		count++
+		// One relay entry per sync the peer's reports came from.
+		bySeq := map[uint64]map[uint64]report{}
+		for h, r := range p.limits {
+			if bySeq[r.seq] == nil {
+				bySeq[r.seq] = map[uint64]report{}
+			}
+			bySeq[r.seq][h] = r
+		}
+		if len(bySeq) == 0 {
+			bySeq[p.seq] = nil
+		}
+		for seq, limits := range bySeq {
+			body = appendEntry(body, &entry{origin: origin, seq: seq, age: max(age, 0), leaving: p.leaving && seq == p.seq, limits: limits})
+			count++
+		}
 	}
 	b = binary.AppendUvarint(b, count)
 	return append(b, body...)
@@ -196,20 +227,31 @@ func (l *Limiter) Merge(from string, payload []byte) {
 		if e.origin == l.cfg.Instance {
 			continue
 		}
-		p := l.peers[e.origin]
-		if p != nil && e.seq <= p.seq {
-			continue
-		}
 		heard := now.Add(-e.age)
 		if now.Sub(heard) > l.cfg.PeerTimeout {
 			continue
 		}
+		p := l.peers[e.origin]
 		if p == nil {
-			p = &peer{}
+			p = &peer{limits: map[uint64]report{}}
 			l.peers[e.origin] = p
 		}
-		p.seq, p.heard, p.leaving, p.limits = e.seq, heard, e.leaving, e.limits
-		if !e.leaving {
+		if e.seq > p.seq {
+			p.seq, p.heard, p.leaving = e.seq, heard, e.leaving
+		}
+		if e.parts > 0 {
+			for h, r := range p.limits {
+				if h%e.parts == e.part && r.seq < e.seq {
+					delete(p.limits, h)
+				}
+			}
+		}
+		for h, r := range e.limits {
+			if old, ok := p.limits[h]; !ok || old.seq <= e.seq {
+				p.limits[h] = r
+			}
+		}
+		if !p.leaving {
 			l.heard = true
 		}
 	}
@@ -236,14 +278,15 @@ func (l *Limiter) initialShare(now time.Time) float64 {
 
 // Sync folds the demand measured since the last call into each limit's
 // estimate, recomputes every share from the current view, resizes the
-// local buckets and returns this instance's entry as a broadcast payload.
-// Run calls it every SyncInterval; tests with a fake clock call it directly.
-func (l *Limiter) Sync() []byte {
+// local buckets and returns this instance's report as broadcast payloads:
+// one, or several of at most Config.MaxPayload bytes each. Run calls it
+// every SyncInterval; tests with a fake clock call it directly.
+func (l *Limiter) Sync() [][]byte {
 	return l.SyncAt(l.cfg.Now())
 }
 
 // SyncAt is Sync at a given time.
-func (l *Limiter) SyncAt(now time.Time) []byte {
+func (l *Limiter) SyncAt(now time.Time) [][]byte {
 	// updateMu keeps every tenant's set of limits fixed between the fold
 	// and the resize; Update is rare and neither is on the request path.
 	l.updateMu.Lock()
@@ -352,34 +395,78 @@ func (l *Limiter) SyncAt(now time.Time) []byte {
 	defer l.viewMu.Unlock()
 	l.seq = max(l.seq+1, uint64(ns))
 	own.seq, own.leaving = l.seq, l.leaving
-	l.own = appendEntry(l.own[:0], own)
-	return append([]byte{wireVersion, 1}, l.own...)
+	l.own = l.split(own)
+	payloads := make([][]byte, len(l.own))
+	for k, part := range l.own {
+		payloads[k] = append([]byte{wireVersion, 1}, part...)
+	}
+	return payloads
 }
 
-// Leave marks this instance as leaving and returns a payload that tells
-// peers to release its shares at once. Broadcast it before shutting down.
-func (l *Limiter) Leave() []byte {
+// split encodes e in as few parts as fit MaxPayload each (as payloads of
+// one entry). With no MaxPayload, or when everything fits, it is one part.
+func (l *Limiter) split(e *entry) [][]byte {
+	encode := func(n uint64) ([][]byte, bool) {
+		parts := make([]entry, n)
+		for k := range parts {
+			parts[k] = entry{origin: e.origin, seq: e.seq, leaving: e.leaving, part: uint64(k), parts: n, limits: map[uint64]report{}}
+		}
+		for h, r := range e.limits {
+			parts[h%n].limits[h] = r
+		}
+		out := make([][]byte, n)
+		fits := true
+		for k := range parts {
+			out[k] = appendEntry(nil, &parts[k])
+			fits = fits && (l.cfg.MaxPayload == 0 || len(out[k])+2 <= l.cfg.MaxPayload)
+		}
+		return out, fits
+	}
+	n := uint64(1)
+	if l.cfg.MaxPayload > 0 {
+		// A first guess from the sizes, then more parts until all fit
+		// (hashes spread limits over the parts unevenly).
+		room := max(l.cfg.MaxPayload-2-len(appendEntry(nil, &entry{origin: e.origin, seq: e.seq, parts: 1})), reportSize)
+		n = max(1, uint64((len(e.limits)*reportSize+room-1)/room))
+	}
+	for ; ; n++ {
+		if out, ok := encode(n); ok || n >= uint64(len(e.limits)) {
+			return out
+		}
+	}
+}
+
+// Leave marks this instance as leaving and returns payloads that tell
+// peers to release its shares at once. Broadcast them before shutting down.
+func (l *Limiter) Leave() [][]byte {
 	l.viewMu.Lock()
 	l.leaving = true
 	l.viewMu.Unlock()
 	return l.Sync()
 }
 
-// Run calls Sync every SyncInterval and hands each payload to publish (for
-// example a gossip node's Broadcast for the Limiter's channel) until ctx is
-// done; it then publishes the leaving tombstone and returns ctx's error.
-// publish is called from Run's goroutine only and should not block for
-// long: a slow publish delays the next sync.
-func (l *Limiter) Run(ctx context.Context, publish func(payload []byte)) error {
+// Run calls Sync every SyncInterval and hands each payload to publish
+// until ctx is done; it then publishes the leaving tombstone and returns
+// ctx's error. key names the part ("0", "1", ...): a newer payload with the
+// same key supersedes an older one, which is what a gossip node's
+// BroadcastLatest(channel, key, payload) wants. publish is called from
+// Run's goroutine only and should not block for long: a slow publish
+// delays the next sync.
+func (l *Limiter) Run(ctx context.Context, publish func(key string, payload []byte)) error {
 	tick := time.NewTicker(l.cfg.SyncInterval)
 	defer tick.Stop()
+	send := func(payloads [][]byte) {
+		for k, p := range payloads {
+			publish(strconv.Itoa(k), p)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			publish(l.Leave())
+			send(l.Leave())
 			return ctx.Err()
 		case <-tick.C:
-			publish(l.Sync())
+			send(l.Sync())
 		}
 	}
 }

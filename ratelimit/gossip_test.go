@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -169,8 +170,10 @@ func (c *gossipCluster) round(reach func(i, j int) bool) {
 	}
 	seq := uint64(c.clk.Now().UnixNano())
 	for i, lim := range c.lims {
-		if err := c.nodes[i].BroadcastLatest(gossip.ChannelRateLimit, "", lim.Sync()); err != nil {
-			c.t.Fatal(err)
+		for k, p := range lim.Sync() {
+			if err := c.nodes[i].BroadcastLatest(gossip.ChannelRateLimit, strconv.Itoa(k), p); err != nil {
+				c.t.Fatal(err)
+			}
 		}
 	}
 	heard := func() bool {

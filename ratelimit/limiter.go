@@ -129,7 +129,7 @@ type Limiter struct {
 	peers    map[string]*peer
 	seq      uint64
 	lastSync time.Time
-	own      []byte // this instance's last encoded entry
+	own      [][]byte // this instance's last report, encoded in parts
 	leaving  bool
 	mergeErr error // last payload that failed to decode, for tests
 }

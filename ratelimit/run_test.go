@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -33,7 +34,7 @@ func TestRunSyncsEveryIntervalAndLeaves(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
 		go func() {
-			done <- a.Run(ctx, func(p []byte) {
+			done <- a.Run(ctx, func(_ string, p []byte) {
 				mu.Lock()
 				published++
 				mu.Unlock()
@@ -78,8 +79,8 @@ func TestStaleAndExpiredPeers(t *testing.T) {
 		for range 50 {
 			b.Allow(Request{Tenant: "acme"})
 		}
-		b.Merge("a", a.Sync())
-		a.Merge("b", b.Sync())
+		b.Merge("a", a.Sync()[0])
+		a.Merge("b", b.Sync()[0])
 		a.Sync()
 		share := func() float64 {
 			t := (*a.tenants.Load())["acme"]
@@ -114,4 +115,67 @@ func TestStaleAndExpiredPeers(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestReportSplitsIntoParts(t *testing.T) {
+	c := &clock{now: epoch}
+	tenants := map[string]*config.Tenant{}
+	for i := range 40 {
+		tenants[fmt.Sprintf("t%02d", i)] = tenantWith(config.TenantLimit{Requests: rate(100, time.Second, 0)})
+	}
+	newLimiter := func(name string, maxPayload int) *Limiter {
+		cfg := DefaultConfig(name)
+		cfg.Now, cfg.MaxPayload = c.Now, maxPayload
+		l, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Update(tenants); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	a, b, relay := newLimiter("a", 300), newLimiter("b", 0), newLimiter("c", 0)
+	offer := func(n int) {
+		for i := range n {
+			a.Allow(Request{Tenant: fmt.Sprintf("t%02d", i)})
+		}
+	}
+	deliver := func(payloads [][]byte) {
+		for _, p := range payloads {
+			b.Merge("a", p)
+		}
+	}
+
+	offer(40)
+	c.Advance(100 * time.Millisecond)
+	parts := a.Sync()
+	if len(parts) < 2 {
+		t.Fatalf("40 limits in %d payload, want several of ≤300 bytes", len(parts))
+	}
+	for k, p := range parts {
+		if len(p) > 300 {
+			t.Errorf("part %d is %d bytes, over MaxPayload 300", k, len(p))
+		}
+	}
+	deliver(parts)
+	if got := len(b.peers["a"].limits); got != 40 {
+		t.Fatalf("b holds %d of a's limits, want 40", got)
+	}
+
+	// Demand stops on half the tenants; once it has decayed, each part
+	// drops the limits of its class that are gone.
+	for range 300 {
+		offer(20)
+		c.Advance(100 * time.Millisecond)
+		deliver(a.Sync())
+	}
+	if got := len(b.peers["a"].limits); got != 20 {
+		t.Fatalf("b holds %d of a's limits after half went idle, want 20", got)
+	}
+	// A third instance hears a only through b's push/pull state.
+	relay.Merge("b", b.LocalState())
+	if got := len(relay.peers["a"].limits); got != 20 {
+		t.Fatalf("relayed: c holds %d of a's limits, want 20", got)
+	}
 }

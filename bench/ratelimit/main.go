@@ -66,6 +66,7 @@ type run struct {
 	shiftAt  time.Time
 	shifted  atomic.Bool
 	admitted [][]atomic.Int64 // [region][window]
+	offered  []atomic.Int64   // [window], all Regions
 	lat      [][]time.Duration
 	trace    bool
 }
@@ -79,6 +80,7 @@ type result struct {
 	p50, p99      time.Duration
 	decisions     int
 	steadyRegions []int64
+	offered       float64 // requests offered in the measured phases ÷ what the workload asks for
 	note          string
 }
 
@@ -86,6 +88,7 @@ func (r *run) exec(name string, sys system) result {
 	t := r.topo
 	total := r.warm + r.steady + r.settle
 	nw := int(total/window) + 20
+	r.offered = make([]atomic.Int64, nw)
 	r.admitted = make([][]atomic.Int64, len(t.regions))
 	for i := range r.admitted {
 		r.admitted[i] = make([]atomic.Int64, nw)
@@ -113,6 +116,11 @@ func (r *run) exec(name string, sys system) result {
 	}
 	steadyFrom, steadyTo := r.warm, r.warm+r.steady
 	res.steadyRegions = r.sum(steadyFrom, steadyTo)
+	var offered int64
+	for w := int(steadyFrom / window); w < int(total/window); w++ {
+		offered += r.offered[w].Load()
+	}
+	res.offered = float64(offered) / (t.demand * float64(t.rate) * (total - steadyFrom).Seconds())
 	res.steadyOver = over(res.steadyRegions, float64(t.rate)*r.steady.Seconds())
 	res.afterOver = over(r.sum(steadyTo, total), float64(t.rate)*r.settle.Seconds())
 	res.reconvTotal, res.reconvSplit = r.reconvergence(steadyTo, total)
@@ -163,8 +171,12 @@ func (r *run) load(sys system, peer int, end time.Time) {
 			ok := sys.decide(peer)
 			d := time.Since(t0)
 			lat = append(lat, d)
+			w := int(t0.Sub(r.start) / window)
+			if w >= len(r.offered) {
+				break // a decision stalled past the end of the run
+			}
+			r.offered[w].Add(1)
 			if ok {
-				w := int(t0.Sub(r.start) / window)
 				r.admitted[t.region(peer)][w].Add(1)
 			}
 		}
@@ -325,23 +337,24 @@ func benchmark(t topology, warm, steady, settle time.Duration, only string, goss
 			}
 			r := &run{topo: t, warm: warm, steady: steady, settle: settle, trace: trace}
 			res := r.exec(c.name, sys)
-			fmt.Fprintf(os.Stderr, "run %d %s: steady %+.1f%%, after %+.1f%%, re-converged %s/%s, p50 %v, p99 %v\n",
-				n+1, c.name, res.steadyOver, res.afterOver, conv(res.reconvTotal), conv(res.reconvSplit), res.p50, res.p99)
+			fmt.Fprintf(os.Stderr, "run %d %s: offered %.3f of the workload, steady %+.1f%%, after %+.1f%%, re-converged %s/%s, p50 %v, p99 %v\n",
+				n+1, c.name, res.offered, res.steadyOver, res.afterOver, conv(res.reconvTotal), conv(res.reconvSplit), res.p50, res.p99)
 			all[i] = append(all[i], res)
 		}
 	}
-	fmt.Printf("| system | over-admission, steady | over-admission, %v after shift | re-converged (total ±5%%) | re-converged (split ±5%%) | decision p50 | decision p99 | admitted per Region a/b/c, steady (last run) |\n", settle)
-	fmt.Println("| --- | --- | --- | --- | --- | --- | --- | --- |")
+	fmt.Printf("| system | over-admission, steady | over-admission, %v after shift | re-converged (total ±5%%) | re-converged (split ±5%%) | decision p50 | decision p99 | admitted per Region a/b/c, steady (last run) | load offered |\n", settle)
+	fmt.Println("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 	for i, rs := range all {
 		last := rs[len(rs)-1]
-		fmt.Printf("| %s | %+.1f%% | %+.1f%% | %s | %s | %v | %v | %v |\n", cs[i].name,
+		fmt.Printf("| %s | %+.1f%% | %+.1f%% | %s | %s | %v | %v | %v | %.3f |\n", cs[i].name,
 			median(rs, func(r result) float64 { return r.steadyOver }),
 			median(rs, func(r result) float64 { return r.afterOver }),
 			conv(medianDur(rs, func(r result) time.Duration { return r.reconvTotal })),
 			conv(medianDur(rs, func(r result) time.Duration { return r.reconvSplit })),
 			medianDur(rs, func(r result) time.Duration { return r.p50 }),
 			medianDur(rs, func(r result) time.Duration { return r.p99 }),
-			last.steadyRegions)
+			last.steadyRegions,
+			median(rs, func(r result) float64 { return r.offered }))
 	}
 	for i, rs := range all {
 		if note := rs[len(rs)-1].note; note != "" {

@@ -33,17 +33,6 @@ func startMeridian(t topology, gossipInterval, syncInterval time.Duration) (*mer
 	s.cancel = cancel
 	for p := range t.peers() {
 		name := t.name(p)
-		cfg := ratelimit.DefaultConfig(name)
-		cfg.SyncInterval = syncInterval
-		lim, err := ratelimit.New(cfg)
-		if err != nil {
-			s.close()
-			return nil, err
-		}
-		if err := lim.Update(tenants); err != nil {
-			s.close()
-			return nil, err
-		}
 		tr, err := net.Transport(name, t.regions[t.region(p)])
 		if err != nil {
 			s.close()
@@ -53,7 +42,6 @@ func startMeridian(t topology, gossipInterval, syncInterval time.Duration) (*mer
 			Name: name, Region: t.regions[t.region(p)], Transport: tr,
 			Profile:        gossip.ProfileLAN,
 			GossipInterval: gossipInterval,
-			Channels:       map[byte]gossip.Channel{gossip.ChannelRateLimit: lim},
 		}
 		if p > 0 {
 			gc.Join = []string{s.nodes[0].Addr()}
@@ -64,13 +52,26 @@ func startMeridian(t topology, gossipInterval, syncInterval time.Duration) (*mer
 			s.close()
 			return nil, fmt.Errorf("gossip node %s: %w", name, err)
 		}
-		s.lims = append(s.lims, lim)
 		s.nodes = append(s.nodes, node)
+		cfg := ratelimit.DefaultConfig(name)
+		cfg.SyncInterval = syncInterval
+		cfg.MaxPayload = node.MaxPayload("99")
+		lim, err := ratelimit.New(cfg)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		if err := lim.Update(tenants); err != nil {
+			s.close()
+			return nil, err
+		}
+		node.Register(gossip.ChannelRateLimit, lim)
+		s.lims = append(s.lims, lim)
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			_ = lim.Run(ctx, func(payload []byte) {
-				_ = node.BroadcastLatest(gossip.ChannelRateLimit, "", payload)
+			_ = lim.Run(ctx, func(key string, payload []byte) {
+				_ = node.BroadcastLatest(gossip.ChannelRateLimit, key, payload)
 			})
 		}()
 	}
