@@ -12,7 +12,10 @@
 // V1Instance.GetRateLimits.
 //
 // It lives in its own module so that Meridian does not depend on
-// Gubernator. Run it from this directory: go run . (see -h).
+// Gubernator; a replace directive points it at the main module in ../..,
+// so after the main module's go.mod changes, run go mod tidy here. Run it
+// from this directory: go run . -runs 5 (see -h). docs/BENCHMARKS.md has
+// the figures.
 package main
 
 import (
