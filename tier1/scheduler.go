@@ -511,7 +511,7 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 		t := 0.0
 		for k, v := range p {
 			if w[k] > 0 {
-				t += w[k] * min(max(v, 0), 1)
+				t += w[k] * clamp01(v)
 			}
 		}
 		sc.total[i] = t
@@ -520,6 +520,14 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 		}
 	}
 	return nil
+}
+
+// clamp01 limits a score to [0, 1], NaN (a server exporting NaN) to 0.
+func clamp01(v float64) float64 {
+	if !(v > 0) {
+		return 0
+	}
+	return min(v, 1)
 }
 
 // minMax is GIE's (max−v)/(max−min), 1 when all are equal.

@@ -614,3 +614,25 @@ func TestPoolMembership(t *testing.T) {
 		t.Fatal("a new address did not make a new endpoint")
 	}
 }
+
+// TestNaNMetricsDoNotWin: a server exporting NaN (Prometheus allows it)
+// scores as the worst on that scorer instead of poisoning the total.
+func TestNaNMetricsDoNotWin(t *testing.T) {
+	for _, mode := range []string{config.ScoringMeridian, config.ScoringGIE} {
+		pool, _ := newPool(Metrics{KVCacheUsage: math.NaN()}, Metrics{KVCacheUsage: 0.5})
+		s := newSched(t, pool, mode, config.Weights{KVCache: 1}, "")
+		for range 10 {
+			got, err := s.Schedule(&Request{Model: "llama"}, t0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[0].ID != "p1" {
+				t.Fatalf("%s: picked %s, want p1 over the NaN pod", mode, got[0].ID)
+			}
+		}
+		scores, _ := s.Explain(&Request{Model: "llama"}, t0)
+		if math.IsNaN(scores[0].Total) {
+			t.Fatalf("%s: NaN total", mode)
+		}
+	}
+}
