@@ -68,7 +68,8 @@ type LivePod struct {
 	mu      sync.Mutex // guards pod, changed and every liveRequest's progress fields
 	lastEnd time.Duration
 	nextID  uint64
-	changed chan struct{} // closed and replaced whenever the pod's state changes
+	changed chan struct{} // closed and replaced when the pod's state changes, if watched
+	watched bool          // a WaitFor caller holds changed
 
 	kick      chan struct{} // wakes the driver when work arrives or faults change
 	stop      context.CancelFunc
@@ -237,6 +238,7 @@ func (lp *LivePod) WaitFor(ctx context.Context, cond func(Metrics) bool) (Metric
 		m := lp.pod.Metrics()
 		ok := cond(m)
 		changed := lp.changed
+		lp.watched = true
 		lp.mu.Unlock()
 		if ok {
 			return m, nil
@@ -251,8 +253,12 @@ func (lp *LivePod) WaitFor(ctx context.Context, cond func(Metrics) bool) (Metric
 
 // change wakes WaitFor callers. Called with mu held.
 func (lp *LivePod) change() {
+	if !lp.watched {
+		return
+	}
 	close(lp.changed)
 	lp.changed = make(chan struct{})
+	lp.watched = false
 }
 
 // Faults returns the faults in force.
