@@ -86,3 +86,20 @@ func TokenBlockHashes(dst []uint64, seed uint64, ids []int64, blockTokens, maxBl
 	}
 	return dst
 }
+
+// PrefixHashes appends the prompt's prefix-block hashes as Meridian
+// computes them, in both tiers, and returns the extended slice and the
+// scratch buffer (pass it back to reuse it). target is the name the model
+// server knows the request by (the LoRA adapter, else the model after any
+// rewrite); blockSize is in characters (64 by default), and token-id
+// prompts are cut every blockSize/4 ids. A Tier-2 that hashes with the
+// same target, block size and cap gets the same hashes as the Tier-1
+// behind it.
+func PrefixHashes(dst []uint64, b *Body, target string, blockSize, maxBlocks int, scratch []byte) ([]uint64, []byte) {
+	seed := Seed(target, b.CacheSalt)
+	if b.Kind == Completion && b.TokenIDs != nil {
+		return TokenBlockHashes(dst, seed, b.TokenIDs, max(1, blockSize/4), maxBlocks), scratch
+	}
+	scratch = AppendPromptText(scratch[:0], b)
+	return BlockHashes(dst, seed, scratch, blockSize, maxBlocks), scratch
+}

@@ -2,6 +2,7 @@ package request
 
 import (
 	"encoding/binary"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -147,5 +148,25 @@ func startCPU() cpuClock { return cpuClock{start: processCPU()} }
 func (c cpuClock) report(b *testing.B) {
 	if b.N > 0 {
 		b.ReportMetric(float64(processCPU()-c.start)/float64(b.N), "cpu-ns/op")
+	}
+}
+
+func TestPrefixHashes(t *testing.T) {
+	chat, err := Parse([]byte(`{"model":"m","cache_salt":"s","messages":[{"role":"user","content":"`+strings.Repeat("q", 300)+`"}]}`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := PrefixHashes(nil, chat, "target", 64, 256, nil)
+	want := BlockHashes(nil, Seed("target", "s"), AppendPromptText(nil, chat), 64, 256)
+	if len(got) != 4 || !slices.Equal(got, want) {
+		t.Fatalf("chat: %x, want %x (4 blocks)", got, want)
+	}
+	ids, err := Parse([]byte(`{"model":"m","prompt":[`+strings.Repeat("7,", 40)+`7]}`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ = PrefixHashes(nil, ids, "target", 64, 256, nil)
+	if want := TokenBlockHashes(nil, Seed("target", ""), ids.TokenIDs, 16, 256); len(got) != 2 || !slices.Equal(got, want) {
+		t.Fatalf("token ids: %x, want %x (2 blocks of 16)", got, want)
 	}
 }

@@ -266,20 +266,15 @@ func (s *Scheduler) blockSize() int {
 func (s *Scheduler) Prepare(req *Request, body *request.Body) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
-	seed := request.Seed(req.target(), body.CacheSalt)
-	req.Hashes = req.Hashes[:0]
 	req.PromptTokens = body.EstimateTokens()
-	switch {
-	case s.gie:
+	if s.gie {
 		sc.text = request.AppendGIEPrompt(sc.text[:0], body)
-		req.Hashes = request.BlockHashes(req.Hashes, seed, sc.text, s.blockSize(), s.policy.MaxPrefixBlocks)
-	case body.Kind == request.Completion && body.TokenIDs != nil:
-		req.Hashes = request.TokenBlockHashes(req.Hashes, seed, body.TokenIDs,
-			max(1, s.policy.BlockSize/charsPerToken), s.policy.MaxPrefixBlocks)
-	default:
-		sc.text = request.AppendPromptText(sc.text[:0], body)
-		req.Hashes = request.BlockHashes(req.Hashes, seed, sc.text, s.policy.BlockSize, s.policy.MaxPrefixBlocks)
+		req.Hashes = request.BlockHashes(req.Hashes[:0], request.Seed(req.target(), body.CacheSalt),
+			sc.text, s.blockSize(), s.policy.MaxPrefixBlocks)
+		return
 	}
+	req.Hashes, sc.text = request.PrefixHashes(req.Hashes[:0], body, req.target(), s.policy.BlockSize,
+		s.policy.MaxPrefixBlocks, sc.text)
 }
 
 // HashText fills req.Hashes from a prompt text already in the form the
