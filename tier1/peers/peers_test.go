@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -318,7 +319,7 @@ func TestReplicasShareIndex(t *testing.T) {
 
 // idleGateway is a gateway over endpoints that are never scraped: enough
 // to apply prefix events to.
-func idleGateway(t *testing.T) *gateway.Gateway {
+func idleGateway(t testing.TB) *gateway.Gateway {
 	t.Helper()
 	y := fmt.Sprintf(gatewayYAML, "meridian") + `---
 apiVersion: meridian.dev/v1alpha1
@@ -412,4 +413,51 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("%s: no error", name)
 		}
 	}
+}
+
+// TestConcurrentPublish: many request goroutines publish at once through a
+// small queue; every event is either sent or counted as dropped, and the
+// peer receives exactly the sent ones.
+func TestConcurrentPublish(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b, err := peers.New(peers.Config{Replica: "b", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	b.Register(g)
+	bran := b.Start(ctx, idleGateway(t))
+	go g.Serve(l)
+	a, err := peers.New(peers.Config{Replica: "a", Peers: []string{l.Addr().String()}, QueueSize: 64, BatchSize: 16, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aran := a.Start(ctx, idleGateway(t))
+	defer func() { cancel(); <-aran; <-bran; g.Stop() }()
+	eventually(t, "connected", func() bool { return a.Stats().Connected == 1 })
+
+	const workers, each = 8, 500
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				a.Publish("chat", tier1.PrefixEvent{Endpoint: "pod-a", Stamp: int64(w*each + i + 1), Hashes: []uint64{uint64(i), uint64(w)}})
+			}
+		}()
+	}
+	wg.Wait()
+	eventually(t, "the queue drained", func() bool {
+		st := a.Stats()
+		return st.Sent+st.Dropped == workers*each && b.Stats().Received == st.Sent
+	})
+	if st := b.Stats(); st.Applied != st.Received || st.Unknown != 0 {
+		t.Fatalf("receiver: %+v; want everything applied", st)
+	}
+	t.Logf("sender: %+v", a.Stats())
 }
