@@ -84,9 +84,8 @@ type Server struct {
 	MaxBodyBytes int64
 	// BodyMode is the request and response body mode assumed when Envoy
 	// does not say (Envoy sends its processing mode in protocol_config
-	// since 1.33).
-	// Zero (NONE) means FULL_DUPLEX_STREAMED, what GIE's gateways
-	// configure. It must match the filter's processing_mode: a picker that
+	// since 1.33). Zero (NONE) means FULL_DUPLEX_STREAMED, what GIE's
+	// gateways configure. It must match the filter's processing_mode: a picker that
 	// waits for a body Envoy will not send without a response stalls the
 	// request until Envoy's message timeout.
 	BodyMode filterv3.ProcessingMode_BodySendMode
@@ -192,6 +191,9 @@ func (s *Server) WatchReadiness(ctx context.Context, interval time.Duration) {
 // most drain (zero means 30 s) before closing them. opts come after
 // Meridian's defaults (ServerOptions) and win over them.
 func (s *Server) Serve(ctx context.Context, lis net.Listener, drain time.Duration, opts ...grpc.ServerOption) error {
+	if s.Gateway == nil {
+		return errors.New("extproc: Server.Gateway is nil")
+	}
 	s.init()
 	if drain <= 0 {
 		drain = 30 * time.Second
