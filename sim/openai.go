@@ -99,10 +99,15 @@ type request struct {
 // classified by status.
 func (lp *LivePod) parse(w http.ResponseWriter, r *http.Request, chat bool) (*request, int, error) {
 	var b completionBody
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	body := http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	dec := json.NewDecoder(body)
 	if err := dec.Decode(&b); err != nil {
 		return nil, http.StatusBadRequest, fmt.Errorf("invalid JSON body: %v", err)
 	}
+	// Read the body to its end, so that cutting the connection later (a
+	// crash) does not reset it with unread input, which could discard the
+	// tokens already sent.
+	io.Copy(io.Discard, body)
 	req := &request{chat: chat, model: b.Model, stream: b.Stream}
 	switch {
 	case b.Model == "" || b.Model == lp.pod.Model():
