@@ -174,6 +174,9 @@ func (inv *Invocation) title(w *Workload, o Options) string {
 	if inv.Load.Jitter {
 		jitter = ", jittered"
 	}
+	if inv.Load.UniquePrompts {
+		jitter += ", prompts made unique"
+	}
 	return fmt.Sprintf("%s: %d requests over %v%s; fleet %s; rate ×%g; %d replica(s); seed %d",
 		baseName(inv.Trace), len(w.Records), w.Span().Round(time.Second), jitter, strings.Join(pools, "+"),
 		max(o.RateScale, 0), max(o.Replicas, 1), o.Seed)

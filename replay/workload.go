@@ -49,6 +49,10 @@ type LoadOptions struct {
 	Duration time.Duration
 	// Limit keeps at most this many records; 0 keeps all.
 	Limit int
+	// UniquePrompts drops the Mooncake hash ids, so that every prompt is
+	// unique (a "long unique documents" workload from the same lengths and
+	// arrivals).
+	UniquePrompts bool
 	// ZipfAdapters, when positive, gives every request one of this many
 	// synthetic LoRA adapters, popularity Zipf with exponent ZipfS (no
 	// public trace carries adapter ids). ZipfS 0 means 2.3, which puts
@@ -110,6 +114,9 @@ func ReadTrace(r io.Reader, o LoadOptions) (*Workload, error) {
 		if o.Duration > 0 && rec.Arrival >= o.Duration {
 			// Jitter keeps arrival order, so nothing later qualifies.
 			break
+		}
+		if o.UniquePrompts {
+			rec.HashIDs = nil
 		}
 		w.Records = append(w.Records, rec)
 	}

@@ -55,6 +55,7 @@ predictedLatency, lru. See docs/tuning.md.`,
 	f.Uint64Var(&inv.Options.Seed, "seed", 1, "random seed (same seed, same results)")
 	f.DurationVar(&inv.Load.Duration, "duration", 0, "replay only the first D of the trace (trace time, before --rate-scale)")
 	f.IntVar(&inv.Load.Limit, "limit", 0, "replay only the first N requests")
+	f.BoolVar(&inv.Load.UniquePrompts, "unique-prompts", false, "ignore the trace's prefix hash ids: every prompt unique")
 	f.BoolVar(&inv.JSON, "json", false, "write results as JSON")
 	f.StringVar(&inv.Plot, "plot", "", "write a TTFT CDF of the policies to this SVG file")
 	f.StringVar(&inv.Sweep, "sweep", "", "vary one Meridian weight, e.g. prefix=0,1,3,5; table sorted by P99 TTFT")
