@@ -156,12 +156,18 @@ func (e *Endpoint) addPendingAdapter(name string) {
 type Ticket struct {
 	ep       *Endpoint
 	features [numFeatures]float64
+	hit      float64
 	done     bool
 	ttftSeen bool
 }
 
 // Endpoint is where the request went.
 func (t *Ticket) Endpoint() *Endpoint { return t.ep }
+
+// PrefixHit is the share of the request's prefix blocks the index held for
+// the endpoint when it was dispatched: Meridian's estimate of the prefix
+// cache hit, for the pool's hit-ratio metric.
+func (t *Ticket) PrefixHit() float64 { return t.hit }
 
 // FirstToken feeds the observed time to first token to the endpoint's
 // latency model. Calls after the first are ignored.

@@ -660,7 +660,7 @@ func (s *Scheduler) Dispatch(ep *Endpoint, req *Request, now time.Time) Ticket {
 		held := s.pool.index.add(ep.slot, s.capacity(l.m), now.UnixNano(), req.Hashes, s.gie)
 		hit = float64(held) / float64(len(req.Hashes))
 	}
-	t := Ticket{ep: ep, features: latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.tokens)}
+	t := Ticket{ep: ep, hit: hit, features: latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.tokens)}
 	ep.dispatched.Add(1)
 	ep.tokens.Add(int64(req.PromptTokens))
 	ep.inFlight.Add(1)

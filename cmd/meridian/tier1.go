@@ -3,20 +3,22 @@ package main
 import (
 	"cmp"
 	"context"
-	"net"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/discovery"
+	"github.com/meridian-router/meridian/tier1/extproc"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/health"
+	"github.com/meridian-router/meridian/tier1/peers"
 	"github.com/meridian-router/meridian/tier1/proxy"
 	"github.com/meridian-router/meridian/tier1/scrape"
 )
@@ -36,6 +38,8 @@ type tier1Flags struct {
 	discovery      string // static | kubernetes
 	kubeconfig     string
 	namespace      string
+	extproc        string   // ext_proc picker address (empty: off)
+	peers          []string // other replicas' --health addresses
 }
 
 func newTier1Cmd() *cobra.Command {
@@ -60,6 +64,8 @@ func newTier1Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.metrics, "metrics", ":9090", "address of the Prometheus /metrics endpoint (empty: off)")
 	cmd.Flags().StringVar(&f.health, "health", "", "address of the pool-health gRPC feed Tier-2 subscribes to (empty: off)")
 	cmd.Flags().StringVar(&f.region, "region", "", "Region named in health digests (default: the gateway's spec.region)")
+	cmd.Flags().StringVar(&f.extproc, "extproc", "", "address of the Envoy ext_proc endpoint picker (GIE protocol; conventional :9002; empty: off)")
+	cmd.Flags().StringSliceVar(&f.peers, "peers", nil, "the other Tier-1 replicas of this cluster (their --health addresses), to share prefix-index events")
 	cmd.Flags().StringVar(&f.discovery, "discovery", "static", "pod discovery: static (StaticEndpoints only) or kubernetes (also watch pods)")
 	cmd.Flags().StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for --discovery kubernetes (default: in-cluster service account)")
 	cmd.Flags().StringVar(&f.namespace, "namespace", "", "namespace whose pods to watch (default: the kubeconfig's, or this pod's)")
@@ -70,9 +76,10 @@ func newTier1Cmd() *cobra.Command {
 
 // tier1Instance is a started Tier-1: its gateway and listeners.
 type tier1Instance struct {
-	gw      *gateway.Gateway
-	servers []*server
-	run     func(ctx context.Context) error
+	gw       *gateway.Gateway
+	exchange *peers.Exchange
+	servers  []*server
+	run      func(ctx context.Context) error
 }
 
 func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Instance, error) {
@@ -81,19 +88,32 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 	if err != nil {
 		return nil, err
 	}
-	gw, err := gateway.New(gateway.Config{
+	gcfg := gateway.Config{
 		Cluster:    f.cluster,
 		Replica:    f.replica,
 		Scrape:     scrape.Config{Interval: f.scrapeInterval},
 		Options:    tier1.Options{MaxMetricsAge: f.maxMetricsAge},
 		Registerer: reg,
 		Logger:     log,
-	}, src.Snapshot())
+	}
+	var exchange *peers.Exchange
+	if len(f.peers) > 0 {
+		if f.health == "" {
+			src.close()
+			return nil, &exitError{2, fmt.Errorf("--peers needs --health: replicas exchange events on the health gRPC port")}
+		}
+		if exchange, err = peers.New(peers.Config{Replica: f.replica, Peers: f.peers, Registerer: reg, Logger: log}); err != nil {
+			src.close()
+			return nil, err
+		}
+		gcfg.OnDispatch = exchange.Publish
+	}
+	gw, err := gateway.New(gcfg, src.Snapshot())
 	if err != nil {
 		src.close()
 		return nil, err
 	}
-	inst := &tier1Instance{gw: gw}
+	inst := &tier1Instance{gw: gw, exchange: exchange}
 	var kube *discovery.Kubernetes
 	switch f.discovery {
 	case "static", "":
@@ -138,7 +158,22 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 			region = cmp.Or(region, gwCfg.Spec.Region)
 			cluster = cmp.Or(cluster, gwCfg.Spec.Cluster, gwCfg.Metadata.Name)
 		}
-		pub = health.NewPublisher(gw, health.Config{Region: region, Cluster: cluster, Replica: f.replica, Window: 10 * time.Second, Logger: log})
+		pub = health.NewPublisher(gw, health.Config{Region: region, Cluster: cluster, Replica: f.replica, Window: 10 * time.Second, Registerer: reg, Logger: log})
+	}
+	var extLn net.Listener
+	var ext *extproc.Server
+	if f.extproc != "" {
+		if extLn, err = net.Listen("tcp", f.extproc); err != nil {
+			for _, s := range inst.servers {
+				s.ln.Close()
+			}
+			if healthLn != nil {
+				healthLn.Close()
+			}
+			src.close()
+			return nil, fmt.Errorf("tier1 ext_proc: listen %s: %w", f.extproc, err)
+		}
+		ext = &extproc.Server{Gateway: gw, Registerer: reg, Logger: log}
 	}
 	inst.run = func(ctx context.Context) error {
 		defer src.close()
@@ -155,9 +190,16 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 		if pub != nil {
 			gs := grpc.NewServer()
 			pub.Register(gs)
+			if exchange != nil {
+				exchange.Register(gs)
+				exchange.Start(gctx, gw)
+			}
 			g.Go(func() error { pub.Run(gctx); return nil })
 			g.Go(func() error { return gs.Serve(healthLn) })
 			g.Go(func() error { <-gctx.Done(); gs.Stop(); return nil })
+		}
+		if ext != nil {
+			g.Go(func() error { return ext.Serve(gctx, extLn, drainTimeout) })
 		}
 		log.Info("tier1 serving", "cluster", f.cluster, "proxy", px.Addr(), "revision", src.Snapshot().Revision)
 		return g.Wait()

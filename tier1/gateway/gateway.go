@@ -404,6 +404,9 @@ func (g *Gateway) Decide(body *request.Body, meta Meta) (*Decision, error) {
 func (g *Gateway) Dispatch(d *Decision, ep *tier1.Endpoint) *Attempt {
 	now := g.cfg.Now()
 	tk := d.sched.Dispatch(ep, &d.Request, now)
+	if len(d.Request.Hashes) > 0 {
+		d.state.stats.observeHit(tk.PrefixHit())
+	}
 	if g.cfg.OnDispatch != nil && len(d.Request.Hashes) > 0 && d.sched.SharesPrefixIndex() {
 		g.cfg.OnDispatch(d.Pool, tier1.PrefixEvent{Endpoint: ep.ID, Stamp: now.UnixNano(), Hashes: slices.Clone(d.Request.Hashes)})
 	}
@@ -443,9 +446,17 @@ func (a *Attempt) FirstByte() {
 	a.g.metrics.ttft.WithLabelValues(a.d.Model, a.d.Pool).Observe(ttft.Seconds())
 }
 
+// canceledCode labels requests the caller abandoned (nginx's 499).
+const canceledCode = 499
+
 // Done ends the attempt with the HTTP status answered (0 for a transport
-// failure) and whether it failed on the model server's side.
+// failure) and whether it failed on the model server's side. A transport
+// failure that is not the server's fault (the caller went away) is
+// counted as canceled.
 func (a *Attempt) Done(code int, failed bool) {
+	if code == 0 && !failed {
+		code = canceledCode
+	}
 	a.ticket.Done()
 	a.d.state.stats.observeOutcome(a.g.cfg.Now(), failed)
 	a.g.metrics.duration.WithLabelValues(a.d.Model, a.d.Pool).Observe(a.g.cfg.Now().Sub(a.sent).Seconds())
@@ -472,6 +483,9 @@ func modelLabel(g *Gateway, m string) string {
 func codeLabel(code int) string {
 	if code == 0 {
 		return "error"
+	}
+	if code == canceledCode {
+		return "canceled"
 	}
 	return fmt.Sprint(code)
 }
