@@ -75,6 +75,7 @@ var (
 type Node struct {
 	cfg        Config
 	ml         *memberlist.Memberlist
+	mlReady    atomic.Pointer[memberlist.Memberlist] // ml, for memberlist's own goroutines
 	queue      *memberlist.TransmitLimitedQueue
 	maxMessage int
 
@@ -134,7 +135,14 @@ func New(cfg Config) (*Node, error) {
 	mc := cfg.memberlistConfig()
 	d := &delegate{n}
 	mc.Delegate, mc.Events, mc.Ping = d, d, d
-	n.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: cfg.retransmitMult()}
+	// memberlist may ask for broadcasts as soon as Create starts its
+	// timers, before n.ml is set: count one member until then.
+	n.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: cfg.retransmitMult(), NumNodes: func() int {
+		if ml := n.mlReady.Load(); ml != nil {
+			return ml.NumMembers()
+		}
+		return 1
+	}}
 	n.maxMessage = mc.UDPBufferSize - 5 // compound header and user-message overheads
 	if len(cfg.SecretKey) > 0 {
 		n.maxMessage -= 45 // worst-case AES-GCM overhead (version, IV, padding, tag)
@@ -145,7 +153,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("gossip: start %s: %w", cfg.Name, err)
 	}
 	n.ml = ml
-	n.queue.NumNodes = ml.NumMembers
+	n.mlReady.Store(ml)
 	if len(cfg.Join) > 0 {
 		if _, err := ml.Join(cfg.Join); err != nil {
 			_ = ml.Shutdown()
