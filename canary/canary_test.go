@@ -174,7 +174,10 @@ func TestInvalidCommandsChangeNothing(t *testing.T) {
 			want error
 		}{
 			{"unknown model", func() error { _, err := r.Start(ctx, StartOptions{Model: "nope", To: "chat-v2"}); return err }, ErrUnknownModel},
-			{"weight above range", func() error { _, err := r.Start(ctx, StartOptions{Model: "chat", To: "chat-v2", Weight: 150}); return err }, ErrBadWeight},
+			{"weight above range", func() error {
+				_, err := r.Start(ctx, StartOptions{Model: "chat", To: "chat-v2", Weight: 150})
+				return err
+			}, ErrBadWeight},
 			{"weight and steps", func() error {
 				_, err := r.Start(ctx, StartOptions{Model: "chat", To: "chat-v2", Weight: 5, Steps: []int64{5}, Interval: time.Minute})
 				return err
@@ -183,7 +186,10 @@ func TestInvalidCommandsChangeNothing(t *testing.T) {
 				_, err := r.Start(ctx, StartOptions{Model: "chat", To: "chat-v2", Steps: []int64{50, 5}, Interval: time.Minute})
 				return err
 			}, ErrBadSteps},
-			{"steps without interval", func() error { _, err := r.Start(ctx, StartOptions{Model: "chat", To: "chat-v2", Steps: []int64{5}}); return err }, ErrBadSteps},
+			{"steps without interval", func() error {
+				_, err := r.Start(ctx, StartOptions{Model: "chat", To: "chat-v2", Steps: []int64{5}})
+				return err
+			}, ErrBadSteps},
 			{"promote without rollout", func() error { _, err := r.Promote(ctx, "chat", false); return err }, ErrNoRollout},
 			{"abort without rollout", func() error { _, err := r.Abort(ctx, "chat"); return err }, ErrNoRollout},
 			{"set-weight without rollout", func() error { _, err := r.SetWeight(ctx, "chat", 10); return err }, ErrNoRollout},
