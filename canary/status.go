@@ -59,7 +59,7 @@ func statusFrom(mr *config.ModelRewrite, rule int, now time.Time) Status {
 		}
 	}
 	ro := mr.Spec.Rollout
-	st.Weights = effective(rl, ro)
+	st.Weights = Shares(rl, ro)
 	if ro == nil {
 		return st
 	}
@@ -74,10 +74,10 @@ func statusFrom(mr *config.ModelRewrite, rule int, now time.Time) Status {
 	return st
 }
 
-// effective computes each target's share as rewrite resolves it: the
+// Shares computes each target's share as rewrite resolves it: the
 // rollout's percentage splits the stable/canary pair when it holds the
 // split, the targets' weights otherwise.
-func effective(rl config.RewriteRule, ro *config.Rollout) []Weight {
+func Shares(rl config.RewriteRule, ro *config.Rollout) []Weight {
 	w := make([]float64, len(rl.Targets))
 	for i, t := range rl.Targets {
 		w[i] = float64(t.Weight)
