@@ -54,6 +54,9 @@ type InstanceConfig struct {
 	Keys       *KeySet
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// Canary configures the canary analysis (tier2/canary.go); its
+	// Instance, Region, Registerer and Logger are filled in from above.
+	Canary CanaryConfig
 }
 
 // Instance is a running Tier-2: the router and its background work.
@@ -64,6 +67,7 @@ type Instance struct {
 	Fleet   *regions.Fleet
 	Limiter *ratelimit.Limiter
 	Node    *gossip.Node
+	Canary  *Canary
 	adm     *Admission
 	keys    *KeySet
 	metrics *Metrics
@@ -133,6 +137,11 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 		return nil, err
 	}
 	in.adm.Tenants = func() *priority.Tenants { return in.Router.snap.Load().tenants }
+	cc := cfg.Canary
+	cc.Instance, cc.Region, cc.Registerer, cc.Logger = cfg.Name, cfg.Region, cfg.Registerer, cfg.Logger
+	if in.Canary, err = NewCanary(cc, in.Router); err != nil {
+		return nil, err
+	}
 	return in, nil
 }
 
@@ -180,8 +189,14 @@ func (in *Instance) authenticator(ctx context.Context, snap *config.Snapshot) (*
 	return NewAuthenticator(*jwtCfg, in.keys, 30*time.Second, nil), nil
 }
 
-// Handler is the front door.
-func (in *Instance) Handler() http.Handler { return in.Router.Handler() }
+// Handler is the front door, plus GET /meridian/canary (the latest canary
+// analyses, for `meridian canary status --tier2`).
+func (in *Instance) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /meridian/canary", in.Canary)
+	mux.Handle("/", in.Router.Handler())
+	return mux
+}
 
 // Run does the instance's background work until ctx ends: configuration
 // updates, pool-health subscriptions, rate-limit exchange, admission
@@ -200,6 +215,7 @@ func (in *Instance) Run(ctx context.Context, updates <-chan *config.Snapshot) {
 		})
 	}
 	goRun(func() { in.housekeeping(ctx) })
+	goRun(func() { in.Canary.Run(ctx) })
 	if updates != nil {
 		goRun(func() {
 			for {
