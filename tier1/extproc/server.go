@@ -23,7 +23,11 @@
 //
 // It does not move request bytes to pods (Envoy does), retry (Envoy walks
 // the fallback list per its retry policy) or shed load on its own: the
-// gateway decides, and this package only carries the decision.
+// gateway decides, and this package only carries the decision. That
+// includes admission by priority band: a request whose pool is saturated
+// waits in the gateway's queue before the destination is chosen (the
+// stream simply answers later), and a shed one gets an immediate 429
+// with Retry-After.
 package extproc
 
 import (
@@ -378,8 +382,11 @@ func (f *flow) route(eos bool) error {
 		f.s.Gateway.Reject("bad_request")
 		return f.immediate(badBody(err))
 	}
-	d, err := f.s.Gateway.Decide(body, gateway.Meta{Header: f.header, Subset: f.subset})
+	d, err := f.s.Gateway.Route(f.stream.Context(), body, gateway.Meta{Header: f.header, Subset: f.subset, Bytes: int64(len(raw))})
 	if err != nil {
+		if f.stream.Context().Err() != nil {
+			return errClosed // Envoy gave up on the request while it waited
+		}
 		return f.immediate(apiError(err))
 	}
 	f.dispatch(d)
@@ -404,8 +411,11 @@ func (f *flow) route(eos bool) error {
 func (f *flow) routeHeaderOnly(eos bool) error {
 	var eps []*tier1.Endpoint
 	if model := f.header.Get(gateway.HeaderModelName); model != "" {
-		d, err := f.s.Gateway.Decide(&request.Body{Model: model}, gateway.Meta{Header: f.header, Subset: f.subset})
+		d, err := f.s.Gateway.Route(f.stream.Context(), &request.Body{Model: model}, gateway.Meta{Header: f.header, Subset: f.subset})
 		if err != nil {
+			if f.stream.Context().Err() != nil {
+				return errClosed
+			}
 			return f.immediate(apiError(err))
 		}
 		f.dispatch(d)
@@ -509,13 +519,15 @@ func (f *flow) sendChunks(data []byte, eos bool, wrap func(*extprocv3.BodyRespon
 	return nil
 }
 
-// end reports the request's outcome once. cancelled means the caller (or
-// Envoy) went away, which does not count against the pod.
+// end reports the request's outcome once and releases its admission.
+// cancelled means the caller (or Envoy) went away, which does not count
+// against the pod.
 func (f *flow) end(cancelled bool) {
 	if f.att == nil || f.done {
 		return
 	}
 	f.done = true
+	defer f.d.Release()
 	if cancelled {
 		f.att.Done(0, false)
 		return

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/discovery"
@@ -60,6 +61,9 @@ type Config struct {
 	Scrape scrape.Config
 	// Options tune the schedulers.
 	Options tier1.Options
+	// Admission tunes per-pool admission by priority band; the zero value
+	// is on with priority's defaults.
+	Admission Admission
 	// Registerer receives the gateway's metrics; nil means none.
 	Registerer prometheus.Registerer
 	// Logger; nil means slog.Default().
@@ -79,6 +83,8 @@ type Gateway struct {
 	log     *slog.Logger
 	metrics *Metrics
 	scrapeM *scrape.Metrics
+	prio    *priority.Metrics
+	tenants *priority.Tenants // updated in place on Apply; shared by the Gates
 
 	table atomic.Pointer[table]
 
@@ -110,6 +116,7 @@ type poolState struct {
 	adapters []string
 	pool     *tier1.Pool
 	stats    *poolStats
+	gate     *priority.Gate // admission by band
 
 	mu       sync.Mutex
 	scrapers map[string]*scraper // by endpoint ID
@@ -139,6 +146,13 @@ func New(cfg Config, snap *config.Snapshot) (*Gateway, error) {
 		pools:   map[string]*poolState{},
 		ctx:     context.Background(),
 	}
+	var err error
+	if g.prio, err = priority.NewMetrics(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	if g.tenants, err = priority.NewTenants(nil, g.prio); err != nil {
+		return nil, err
+	}
 	if err := g.Apply(snap); err != nil {
 		return nil, err
 	}
@@ -155,6 +169,9 @@ func (g *Gateway) Start(ctx context.Context, updates <-chan *config.Snapshot) {
 	}
 	g.mu.Unlock()
 	go g.exportGauges(ctx)
+	if !g.cfg.Admission.Off {
+		go g.observeLoop(ctx)
+	}
 	if updates == nil {
 		return
 	}
@@ -191,13 +208,19 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 		if ps, ok := g.pools[name]; ok {
 			return ps.pool
 		}
-		ps := &poolState{name: name, pool: tier1.NewPool(), stats: newPoolStats(), scrapers: map[string]*scraper{}}
+		ps := &poolState{name: name, pool: tier1.NewPool(), stats: newPoolStats(), scrapers: map[string]*scraper{},
+			gate: &priority.Gate{Pool: name, Tenants: g.tenants, Metrics: g.prio}}
+		ps.gate.SetConfig(g.cfg.Admission.Gate)
 		created[name] = ps
 		return ps.pool
 	}
 	scheds, err := tier1.Schedulers(snap, gw, poolFor, g.cfg.Options)
 	if err != nil {
 		return err
+	}
+	// Checked before anything is swapped; applied last.
+	if _, err := priority.NewTenants(snap.Tenants, nil); err != nil {
+		return fmt.Errorf("tier1: %w", err)
 	}
 	t := &table{snap: snap, gateway: gw, byModel: map[string]*route{}, adapters: map[string]string{}, bbr: gw.Spec.BBR.Enabled}
 	keep := map[string]bool{}
@@ -239,6 +262,7 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 		}
 	}
 	g.table.Store(t)
+	g.tenants.Update(snap.Tenants) // validated above
 	g.syncEndpointsLocked()
 	g.metrics.configRevision.Set(float64(snap.Revision))
 	return nil
@@ -339,9 +363,10 @@ type Decision struct {
 	Endpoints              []*tier1.Endpoint
 	Request                tier1.Request
 
-	sched *tier1.Scheduler
-	state *poolState
-	start time.Time
+	sched  *tier1.Scheduler
+	state  *poolState
+	start  time.Time
+	ticket *priority.Ticket // admission; nil without
 }
 
 // Meta is what the caller knows of a request besides its body.
@@ -351,23 +376,36 @@ type Meta struct {
 	// Subset restricts the pick to these addresses (ext_proc subset hint);
 	// nil means no restriction.
 	Subset []string
+	// Bytes is the request body's size, held while it waits for
+	// admission (Route).
+	Bytes int64
 }
 
-// Decide routes a parsed request. Errors are *request.APIError with the
-// status to answer: 404 for an unknown model, 503 when the pool has no
+// Decide routes a parsed request without admission (see Route, which the
+// proxy and the ext_proc picker use). Errors are *request.APIError with
+// the status to answer: 404 for an unknown model, 503 when the pool has no
 // usable endpoint.
 func (g *Gateway) Decide(body *request.Body, meta Meta) (*Decision, error) {
-	start := g.cfg.Now()
+	r, target, adapter, err := g.resolve(body, meta)
+	if err != nil {
+		return nil, err
+	}
+	return g.decide(r, body, meta, target, adapter)
+}
+
+// resolve finds the route (pool) of a request: body-based routing, an
+// adapter maps to its base model.
+func (g *Gateway) resolve(body *request.Body, meta Meta) (r *route, target, adapter string, err error) {
 	t := g.table.Load()
 	model := body.Model
 	if h := meta.Header.Get(HeaderModelName); h != "" {
 		model = h
 	}
-	target, adapter := model, ""
+	target, adapter = model, ""
 	if base := meta.Header.Get(HeaderBaseModelName); base != "" && base != model {
 		target, adapter = base, model
 	}
-	r := t.byModel[target]
+	r = t.byModel[target]
 	if r == nil && adapter == "" {
 		if base, ok := t.adapters[model]; ok && (t.bbr || len(t.byModel) == 1) {
 			target, adapter, r = base, model, t.byModel[base]
@@ -375,8 +413,14 @@ func (g *Gateway) Decide(body *request.Body, meta Meta) (*Decision, error) {
 	}
 	if r == nil {
 		g.metrics.rejected.WithLabelValues("", "unknown_model").Inc()
-		return nil, request.NotFound("model_not_found", unknownModelMessage)
+		return nil, "", "", request.NotFound("model_not_found", unknownModelMessage)
 	}
+	return r, target, adapter, nil
+}
+
+// decide asks r's scheduler for the request's endpoints.
+func (g *Gateway) decide(r *route, body *request.Body, meta Meta, target, adapter string) (*Decision, error) {
+	start := g.cfg.Now()
 	d := &Decision{Model: body.Model, Target: target, Adapter: adapter, Pool: r.state.name, sched: r.sched, state: r.state, start: start}
 	d.Request.Model, d.Request.Adapter = target, adapter
 	d.Request.Tenant = meta.Header.Get(HeaderTenant)
@@ -532,4 +576,3 @@ func (v PoolView) PodPrefix() (hits, queries uint64) {
 // IndexHitRatio is the prefix hit ratio the index estimated for recent
 // dispatches.
 func (v PoolView) IndexHitRatio() float64 { return v.stats.indexHitRatio() }
-

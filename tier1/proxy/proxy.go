@@ -1,8 +1,10 @@
 // Package proxy is Tier-1's standalone streaming reverse proxy: for
 // clusters without an Envoy-based Gateway it receives OpenAI requests,
-// asks the gateway for a primary endpoint and fallbacks, and forwards,
-// retrying the fallbacks in order on a connect error or a 5xx before the
-// first response byte. Server-sent events are flushed one by one.
+// asks the gateway to admit each by priority band (waiting while its pool
+// is saturated, or answering 429 with Retry-After) and then for a primary
+// endpoint and fallbacks, and forwards, retrying the fallbacks in order on
+// a connect error or a 5xx before the first response byte. Server-sent
+// events are flushed one by one.
 package proxy
 
 import (
@@ -117,11 +119,17 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request) {
 		badBody(err).Write(w)
 		return
 	}
-	d, err := p.Gateway.Decide(body, gateway.Meta{Header: r.Header})
+	// Admission by band first; the pod is picked when the request leaves
+	// the queue.
+	d, err := p.Gateway.Route(r.Context(), body, gateway.Meta{Header: r.Header, Bytes: int64(len(raw))})
 	if err != nil {
+		if r.Context().Err() != nil {
+			return // the caller went away while waiting
+		}
 		writeErr(w, err)
 		return
 	}
+	defer d.Release()
 	for i, ep := range d.Endpoints {
 		last := i == len(d.Endpoints)-1
 		done, retry := p.try(w, r, raw, d, i, last)
@@ -263,4 +271,3 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_ = jsonEncode(w, v)
 }
-

@@ -1,0 +1,186 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/meridian-router/meridian/priority"
+	"github.com/meridian-router/meridian/request"
+)
+
+// Admission configures Tier-1's per-pool flow control by priority band
+// (docs/priority.md). Every pool has one priority.Gate; a request waits in
+// it, if its pool is saturated, before the scheduler picks its pod, so the
+// pod is chosen when the request leaves the queue (late binding).
+type Admission struct {
+	// Off turns admission off: every request is scheduled at once, as
+	// GIE does for non-negative priorities. Zero (false) means on.
+	Off bool
+	// Gate applies to every pool's Gate: queue bounds in requests and
+	// bytes, maximum waits, the Critical reserve and Retry-After. The zero
+	// Config is priority's defaults (1,000 requests, 256 MiB, 10 s for
+	// Standard, 30 s for Critical, reserve 0.1, Retry-After 1 s).
+	Gate priority.Config
+	// Thresholds turn pod metrics into a pool's saturation. Zero fields
+	// take priority.DefaultThresholds: 5 waiting requests per pod, KV use
+	// 0.8, metrics older than 2 s left out (not counted as saturated).
+	Thresholds priority.Thresholds
+	// Objectives maps InferenceObjective names, as sent in
+	// x-gateway-inference-objective, to their spec.priority. A value that
+	// names none and is an integer is taken as the priority itself. Nil
+	// means integers only.
+	Objectives map[string]int
+	// Interval is how often each pool's saturation is recomputed from its
+	// endpoints' last scrapes and in-flight counts and handed to its Gate.
+	// Zero means the scrape interval (50 ms by default): observing faster
+	// sees nothing new; slower leaves the Gate on its own in-flight
+	// accounting for longer.
+	Interval time.Duration
+}
+
+// Band reads a request's tenant and band from its headers: the tenant
+// from x-meridian-tenant (set by Tier-2) or GIE's
+// x-gateway-inference-fairness-id; the claimed band from x-meridian-band
+// (a band name, set by Tier-2) or GIE's x-gateway-inference-objective (an
+// InferenceObjective name or an integer priority, negative = Sheddable).
+// No header means Standard. The claim is lowered to the tenant's maxBand
+// and the downgrade counted. An unreadable header is a 400.
+func (g *Gateway) Band(h http.Header) (tenant string, band priority.Band, err error) {
+	tenant = h.Get(HeaderTenant)
+	if tenant == "" {
+		tenant = h.Get(HeaderFairnessID)
+	}
+	claim := priority.Standard
+	if v := h.Get(HeaderBand); v != "" {
+		claim, err = priority.ParseBand(v)
+	} else {
+		claim, err = priority.ParseObjective(h.Get(HeaderObjective), g.cfg.Admission.Objectives)
+	}
+	if err != nil {
+		return tenant, priority.Standard, request.BadRequest("bad_priority", err.Error())
+	}
+	return tenant, g.tenants.Band(tenant, claim), nil
+}
+
+// Route admits a parsed request into its pool by band and then decides
+// its pod, like Decide. While the pool is saturated it waits (Standard and
+// Critical, Critical first, fair between tenants) or is refused at once
+// (Sheddable); the pod is picked only once it leaves the queue. A refusal
+// is a *request.APIError 429 with RetryAfter; ctx ending while it waits
+// returns ctx's error. Call Decision.Release once the request has ended,
+// however it ended, so that the capacity goes to the next waiter.
+func (g *Gateway) Route(ctx context.Context, body *request.Body, meta Meta) (*Decision, error) {
+	r, target, adapter, err := g.resolve(body, meta)
+	if err != nil {
+		return nil, err
+	}
+	var tk *priority.Ticket
+	if !g.cfg.Admission.Off {
+		tenant, band, err := g.Band(meta.Header)
+		if err != nil {
+			g.metrics.rejected.WithLabelValues(r.state.name, "bad_priority").Inc()
+			return nil, err
+		}
+		tk, err = r.state.gate.Admit(ctx, priority.Request{Tenant: tenant, Band: band, Bytes: meta.Bytes})
+		if err != nil {
+			return nil, g.admissionError(r.state.name, target, err)
+		}
+	}
+	d, err := g.decide(r, body, meta, target, adapter)
+	if err != nil {
+		tk.Done()
+		return nil, err
+	}
+	d.ticket = tk
+	return d, nil
+}
+
+// Release ends the decision's hold on its pool's admission capacity. It is
+// idempotent, and a no-op for a decision made without admission (Decide).
+func (d *Decision) Release() { d.ticket.Done() }
+
+func (g *Gateway) admissionError(pool, model string, err error) error {
+	var rej *priority.Rejection
+	if !errors.As(err, &rej) {
+		g.metrics.rejected.WithLabelValues(pool, "canceled").Inc()
+		return err
+	}
+	code, reason := "shed", rej.Reason.String()
+	switch rej.Reason {
+	case priority.ReasonQueueFull, priority.ReasonEvicted:
+		code = "queue_full"
+	case priority.ReasonTimeout:
+		code = "queue_timeout"
+	}
+	g.metrics.rejected.WithLabelValues(pool, "shed_"+reason).Inc()
+	return request.TooManyRequests(code,
+		fmt.Sprintf("%s request shed: the pool serving %q is at capacity (%s)", rej.Band, model, reason),
+		int(math.Ceil(rej.RetryAfter.Seconds())))
+}
+
+// observeLoop hands every pool's saturation to its Gate every interval
+// until ctx ends.
+func (g *Gateway) observeLoop(ctx context.Context) {
+	every := g.cfg.Admission.Interval
+	if every <= 0 {
+		every = g.cfg.Scrape.Interval
+	}
+	if every <= 0 {
+		every = 50 * time.Millisecond
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		g.ObservePools()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ObservePools computes every pool's saturation now and hands it to the
+// pool's Gate. Start runs it every Admission.Interval; tests call it to
+// apply fresh metrics at once.
+func (g *Gateway) ObservePools() {
+	now := g.cfg.Now()
+	for _, v := range g.Pools() {
+		v.state.gate.Observe(v.Saturation(now, g.cfg.Admission.Thresholds))
+	}
+}
+
+// Saturation is the pool's saturation at now under th
+// (priority.Thresholds.Pool): over its ready endpoints, each pod's load is
+// its scraped waiting requests plus the requests in flight to it beyond
+// what the scrape showed (so a burst sent since the last scrape counts),
+// and its KV-cache use; endpoints whose metrics are older than
+// th.StaleAfter are left out. The health feed ships the same value.
+func (v PoolView) Saturation(now time.Time, th priority.Thresholds) priority.Saturation {
+	eps := v.Pool.Endpoints()
+	loads := make([]priority.PodLoad, 0, len(eps))
+	for _, ep := range eps {
+		m := ep.Metrics()
+		if !ep.Ready() || m == nil {
+			continue
+		}
+		queue := m.Waiting + int(max(0, ep.InFlight()-int64(m.Waiting+m.Running)))
+		loads = append(loads, priority.PodLoad{Queue: float64(queue), KVCache: min(1, max(0, m.KVCacheUsage)), Age: now.Sub(m.ScrapedAt)})
+	}
+	return th.Pool(loads)
+}
+
+// Gate returns the pool's admission Gate (nil for an unknown pool), for
+// tests and for callers that drive admission themselves.
+func (g *Gateway) Gate(pool string) *priority.Gate {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if ps := g.pools[pool]; ps != nil {
+		return ps.gate
+	}
+	return nil
+}
