@@ -136,15 +136,16 @@ func (inv *Invocation) Execute(stdout, stderr io.Writer) error {
 	if inv.Sweep != "" {
 		SortByP99(rs)
 	}
-	if w.AdapterNote != "" {
-		fmt.Fprintln(stderr, "note:", w.AdapterNote)
-	}
 	if inv.Plot != "" {
 		if err := writePlotFile(inv.Plot, rs, inv.title(w, o)); err != nil {
 			return err
 		}
 	}
 	if inv.JSON {
+		if w.AdapterNote != "" {
+			// The JSON shape has no room for it; say it where a person looks.
+			fmt.Fprintln(stderr, "note:", w.AdapterNote)
+		}
 		return WriteJSON(stdout, rs)
 	}
 	fmt.Fprintf(stdout, "# %s\n", inv.title(w, o))

@@ -473,3 +473,63 @@ func TestPlotAndTable(t *testing.T) {
 		t.Errorf("table:\n%s", table.String())
 	}
 }
+
+// TestSyntheticAdapters gives requests Zipf-distributed synthetic
+// adapters: the pools that list none serve them all, every request
+// completes, and the workload says the adapters are synthetic.
+func TestSyntheticAdapters(t *testing.T) {
+	w, err := LoadTrace("../../shared/traces/AzureLLMInferenceTrace_conv.csv",
+		LoadOptions{Limit: 200, ZipfAdapters: 40, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(w.AdapterNote, "SYNTHETIC") || len(w.AdapterNames) != 40 || len(w.Adapters) != 200 {
+		t.Fatalf("note %q, %d names, %d assignments", w.AdapterNote, len(w.AdapterNames), len(w.Adapters))
+	}
+	top := 0
+	for _, a := range w.Adapters {
+		if a == w.AdapterNames[0] || a == w.AdapterNames[1] || a == w.AdapterNames[2] {
+			top++
+		}
+	}
+	if top < 160 { // 90% expected
+		t.Errorf("top 3 adapters carry %d of 200 requests, want about 180", top)
+	}
+	p, err := ParsePolicy(Meridian, &config.Weights{Queue: 2, KVCache: 2, LoraAffinity: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(w, p, Options{Fleet: fleet(t, mixedFleet)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Failed != 0 || res.Completed != 200 {
+		t.Errorf("completed %d, failed %v", res.Completed, res.FailedBy)
+	}
+	// A pool that lists its own adapters keeps them: requests for others
+	// fail there as unknown.
+	res, err = Run(w, mustPolicy(t, RoundRobin), Options{Fleet: fleet(t, "pools: [{name: p, profile: h100, count: 2, adapters: [only-this]}]")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.FailedBy["unknown-adapter"] != 200 {
+		t.Errorf("failures %v, want 200 unknown-adapter", res.FailedBy)
+	}
+}
+
+func TestDurationAndLimit(t *testing.T) {
+	w, err := LoadTrace(mooncakePath, LoadOptions{Duration: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := w.Records[len(w.Records)-1].Arrival; last >= 30*time.Second || len(w.Records) < 10 {
+		t.Errorf("%d records, last at %v", len(w.Records), last)
+	}
+	w, err = LoadTrace(mooncakePath, LoadOptions{Limit: 7, UniquePrompts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Records) != 7 || w.Records[0].HashIDs != nil {
+		t.Errorf("%d records, hash ids %v", len(w.Records), w.Records[0].HashIDs)
+	}
+}
