@@ -438,9 +438,41 @@ type Topology struct {
 	Spec       TopologySpec `json:"spec"`
 }
 
-// TopologySpec lists Regions.
+// TopologySpec lists Regions and how Tier-2 chooses among their clusters.
 type TopologySpec struct {
 	Regions []Region `json:"regions"`
+	// Routing tunes Tier-2's cluster choice; unset fields keep defaults.
+	Routing *Routing `json:"routing,omitempty"`
+}
+
+// Routing is Tier-2's cluster-choice policy (docs/regions.md). Weights use
+// AWS's names plus Meridian's prefix affinity; zero weights keep the
+// defaults only when every weight is zero.
+type Routing struct {
+	Weights *RoutingWeights `json:"weights,omitempty"`
+	// LoadFactor is 1+ε of consistent hashing with bounded loads: no
+	// cluster takes more than LoadFactor × its fair share of prefixes.
+	// Zero means 1.25.
+	LoadFactor float64 `json:"loadFactor,omitempty"`
+	// RTTs are configured round trips between Regions, used until
+	// measured ones arrive.
+	RTTs []RegionRTT `json:"rtts,omitempty"`
+}
+
+// RoutingWeights weigh the cluster scorers.
+type RoutingWeights struct {
+	KVHeadroom      float64 `json:"kvHeadroom,omitempty"`
+	QueueDepth      float64 `json:"queueDepth,omitempty"`
+	RegionProximity float64 `json:"regionProximity,omitempty"`
+	ErrorRate       float64 `json:"errorRate,omitempty"`
+	PrefixAffinity  float64 `json:"prefixAffinity,omitempty"`
+}
+
+// RegionRTT is a configured round trip between two Regions.
+type RegionRTT struct {
+	A   string   `json:"a"`
+	B   string   `json:"b"`
+	RTT Duration `json:"rtt"`
 }
 
 // Region is one AWS Region (or any failure domain).

@@ -350,6 +350,35 @@ func (b *builder) topology() {
 		b.errf(key, "spec.regions", "at least one Region is required")
 	}
 	regions, clusters := map[string]bool{}, map[string]bool{}
+	defer func() {
+		r := t.Spec.Routing
+		if r == nil {
+			return
+		}
+		if w := r.Weights; w != nil {
+			for name, v := range map[string]float64{"kvHeadroom": w.KVHeadroom, "queueDepth": w.QueueDepth,
+				"regionProximity": w.RegionProximity, "errorRate": w.ErrorRate, "prefixAffinity": w.PrefixAffinity} {
+				if v < 0 {
+					b.errf(key, "spec.routing.weights."+name, "must be ≥ 0, got %v", v)
+				}
+			}
+		}
+		if r.LoadFactor != 0 && r.LoadFactor <= 1 {
+			b.errf(key, "spec.routing.loadFactor", "must be > 1 (1+ε), got %v", r.LoadFactor)
+		}
+		for i, rtt := range r.RTTs {
+			path := fmt.Sprintf("spec.routing.rtts[%d]", i)
+			if !regions[rtt.A] {
+				b.errf(key, path+".a", "Region %q is not in the Topology", rtt.A)
+			}
+			if !regions[rtt.B] {
+				b.errf(key, path+".b", "Region %q is not in the Topology", rtt.B)
+			}
+			if rtt.RTT <= 0 {
+				b.errf(key, path+".rtt", "must be a positive duration")
+			}
+		}
+	}()
 	for i, r := range t.Spec.Regions {
 		path := fmt.Sprintf("spec.regions[%d]", i)
 		if r.Name == "" {

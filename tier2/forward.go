@@ -58,8 +58,7 @@ type attemptErr struct {
 // byte, stream back with the public model name, account.
 func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Request) {
 	var buf [8]regions.Target
-	targets := r.cfg.Fleet.Select(buf[:0], regions.Request{Model: c.resolved.Target, PrefixHash: r.prefixHash(c)})
-	targets = restrict(targets, c.resolved.Clusters)
+	targets := r.cfg.Fleet.Select(buf[:0], regions.Request{Model: c.resolved.Target, PrefixHash: r.prefixHash(c), Clusters: c.resolved.Clusters})
 	if c.spill {
 		targets = preferOtherRegions(targets, r.cfg.Region)
 	}
@@ -309,23 +308,6 @@ func rewriteBody(body []byte, model string, includeUsage bool) ([]byte, error) {
 		m["stream_options"], _ = json.Marshal(opts)
 	}
 	return json.Marshal(m)
-}
-
-// restrict keeps the targets in clusters (nil: all).
-func restrict(ts []regions.Target, clusters []string) []regions.Target {
-	if len(clusters) == 0 {
-		return ts
-	}
-	out := ts[:0]
-	for _, t := range ts {
-		for _, c := range clusters {
-			if t.Cluster == c {
-				out = append(out, t)
-				break
-			}
-		}
-	}
-	return out
 }
 
 // preferOtherRegions moves clusters outside region ahead, keeping order.

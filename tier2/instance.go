@@ -95,9 +95,6 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 	in.Fleet = fleet
 	rlcfg := ratelimit.DefaultConfig(cfg.Name)
 	rlcfg.Registerer = cfg.Registerer
-	if in.Limiter, err = ratelimit.New(rlcfg); err != nil {
-		return nil, err
-	}
 	if cfg.GossipBind != "" {
 		host, port, err := net.SplitHostPort(cfg.GossipBind)
 		if err != nil {
@@ -113,6 +110,12 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 			return nil, err
 		}
 		in.Node = node
+		rlcfg.MaxPayload = node.MaxPayload("rl/" + cfg.Name + "/000")
+	}
+	if in.Limiter, err = ratelimit.New(rlcfg); err != nil {
+		return nil, err
+	}
+	if node := in.Node; node != nil {
 		node.Register(gossip.ChannelRegions, fleet.Digests())
 		node.Register(gossip.ChannelRateLimit, in.Limiter)
 		fleet.Digests().SetPublish(func(key string, p []byte) error {
@@ -149,10 +152,21 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 type gossipTransport = memberlist.Transport
 
 func (in *Instance) fleetConfig(snap *config.Snapshot) regions.Config {
-	return regions.Config{
+	c := regions.Config{
 		LocalRegion: in.cfg.Region,
 		Clusters:    regions.ClustersFromTopology(snap.Topology),
 	}
+	if r := snap.Topology.Spec.Routing; r != nil {
+		if w := r.Weights; w != nil {
+			c.Weights = regions.Weights{KVHeadroom: w.KVHeadroom, QueueDepth: w.QueueDepth,
+				RegionProximity: w.RegionProximity, ErrorRate: w.ErrorRate, PrefixAffinity: w.PrefixAffinity}
+		}
+		c.LoadFactor = r.LoadFactor
+		for _, rtt := range r.RTTs {
+			c.RTTs = append(c.RTTs, regions.RegionRTT{A: rtt.A, B: rtt.B, RTT: rtt.RTT.D()})
+		}
+	}
+	return c
 }
 
 // authenticator builds JWT verification from the gateways of this Region
@@ -211,7 +225,10 @@ func (in *Instance) Run(ctx context.Context, updates <-chan *config.Snapshot) {
 	}
 	if in.Node != nil {
 		goRun(func() {
-			in.Limiter.Run(ctx, func(p []byte) { in.Node.Broadcast(gossip.ChannelRateLimit, p) })
+			// Run publishes the leaving tombstone itself when ctx ends.
+			in.Limiter.Run(ctx, func(key string, p []byte) {
+				in.Node.BroadcastLatest(gossip.ChannelRateLimit, "rl/"+in.cfg.Name+"/"+key, p)
+			})
 		})
 	}
 	goRun(func() { in.housekeeping(ctx) })
@@ -239,9 +256,6 @@ func (in *Instance) Run(ctx context.Context, updates <-chan *config.Snapshot) {
 	in.mu.Unlock()
 	wg.Wait()
 	if in.Node != nil {
-		if p := in.Limiter.Leave(); p != nil {
-			in.Node.Broadcast(gossip.ChannelRateLimit, p)
-		}
 		in.Node.Leave(time.Second)
 		in.Node.Close()
 	}
