@@ -197,7 +197,6 @@ type router interface {
 
 // item is one request as the routers see it.
 type item struct {
-	rec     int // index into Workload.Records
 	tokens  int
 	adapter string
 	hashIDs []uint64

@@ -33,7 +33,8 @@ type Options struct {
 	Seed uint64
 	// Progress, if set, is called on the replay's goroutine with the
 	// number of requests that finished since its previous call (every
-	// few hundred, and at the end).
+	// few hundred, and at the end). Compare and the searches run replays
+	// concurrently, so it must be safe for concurrent use.
 	Progress func(finished int)
 }
 
@@ -202,7 +203,7 @@ func Run(w *Workload, p Policy, o Options) (*Result, error) {
 			e.At(scaled(w.Records[next].Arrival, o.RateScale), arrive)
 		}
 		rec := &w.Records[i]
-		it := item{rec: i, tokens: rec.InputTokens, hashIDs: rec.HashIDs}
+		it := item{tokens: rec.InputTokens, hashIDs: rec.HashIDs}
 		req := sim.TraceRequest(*rec)
 		if w.Adapters != nil {
 			it.adapter = w.Adapters[i]

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"runtime"
@@ -52,19 +53,13 @@ func Sweep(base Policy, spec string) ([]Policy, error) {
 	return out, nil
 }
 
-// SortByP99 orders results by P99 TTFT, fewest failures first on a tie.
+// SortByP99 orders results by P99 TTFT, fewer failures first on a tie.
 func SortByP99(rs []*Result) {
 	slices.SortStableFunc(rs, func(a, b *Result) int {
-		if a.Failed != b.Failed && (a.TTFT.P99 == b.TTFT.P99) {
-			return a.Failed - b.Failed
+		if c := cmp.Compare(a.TTFT.P99, b.TTFT.P99); c != 0 {
+			return c
 		}
-		switch {
-		case a.TTFT.P99 < b.TTFT.P99:
-			return -1
-		case a.TTFT.P99 > b.TTFT.P99:
-			return 1
-		}
-		return 0
+		return cmp.Compare(a.Failed, b.Failed)
 	})
 }
 
