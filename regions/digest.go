@@ -41,6 +41,13 @@ type Digest struct {
 	// Headroom is 1 for an idle pool and 0 for a saturated one.
 	Headroom       float64
 	PrefixHitRatio float64
+	// Saturation is the pool's priority saturation as Tier-1 computed it
+	// (priority.Saturation.Value: mean over fresh pods of the larger of
+	// queue and KV use against their thresholds; 1 or more is saturated,
+	// not clamped). FreshPods and StalePods count the pods whose metrics
+	// were and were not believed in it; FreshPods 0 means unknown.
+	Saturation           float64
+	FreshPods, StalePods int
 
 	// Version orders digests of one pool from one producer; Produced is
 	// when the producer computed it, on its clock. Digests order by
@@ -75,6 +82,7 @@ const (
 	maxNameLen     = 128
 	maxAdapters    = 64
 	maxHotAdapters = 16
+	maxSaturation  = 1000
 )
 
 // ErrInvalidDigest is wrapped by every validation and decoding error.
@@ -108,7 +116,8 @@ func (d *Digest) Validate() error {
 		name string
 		v    int
 	}{{"readyPods", d.ReadyPods}, {"totalPods", d.TotalPods}, {"queueTotal", d.QueueTotal}, {"queueMax", d.QueueMax},
-		{"queueMin", d.QueueMin}, {"running", d.Running}, {"inFlight", d.InFlight}} {
+		{"queueMin", d.QueueMin}, {"running", d.Running}, {"inFlight", d.InFlight},
+		{"freshPods", d.FreshPods}, {"stalePods", d.StalePods}} {
 		if f.v < 0 || f.v > math.MaxInt32 {
 			return bad("%s %d out of range", f.name, f.v)
 		}
@@ -120,6 +129,9 @@ func (d *Digest) Validate() error {
 		if !(f.v >= 0 && f.v <= 1) { // also rejects NaN
 			return bad("%s %v: want a fraction in [0, 1]", f.name, f.v)
 		}
+	}
+	if !(d.Saturation >= 0 && d.Saturation <= maxSaturation) {
+		return bad("saturation %v: want 0 to %d", d.Saturation, maxSaturation)
 	}
 	if d.TTFTP50 < 0 || d.TTFTP99 < 0 {
 		return bad("negative TTFT")
@@ -166,7 +178,11 @@ func (d *Digest) appendBinary(b []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(d.TTFTP99/time.Microsecond))
 	b = appendStrings(b, d.HotAdapters)
 	b = binary.AppendUvarint(b, d.Version)
-	return binary.AppendVarint(b, d.Produced.UnixNano())
+	b = binary.AppendVarint(b, d.Produced.UnixNano())
+	// Saturation came later: it trails, and a digest without it decodes.
+	b = binary.AppendUvarint(b, uint64(math.Round(d.Saturation*fracScale)))
+	b = binary.AppendUvarint(b, uint64(d.FreshPods))
+	return binary.AppendUvarint(b, uint64(d.StalePods))
 }
 
 // UnmarshalBinary decodes one digest and validates it.
@@ -189,6 +205,11 @@ func (d *Digest) UnmarshalBinary(buf []byte) error {
 	d.HotAdapters = r.strings(maxHotAdapters)
 	d.Version = r.uvarint(math.MaxUint64)
 	d.Produced = time.Unix(0, r.varint())
+	if len(r.buf) > 0 {
+		d.Saturation = float64(r.uvarint(maxSaturation*fracScale)) / fracScale
+		d.FreshPods = int(r.uvarint(math.MaxInt32))
+		d.StalePods = int(r.uvarint(math.MaxInt32))
+	}
 	if r.err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidDigest, r.err)
 	}

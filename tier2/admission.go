@@ -6,18 +6,24 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/regions"
 )
 
 // Admission is Tier-2's global admission by priority band: one
 // priority.Gate per target model, fed with the saturation of the model's
-// pools in this Region (from pool-health digests). When the local pools are
-// saturated and another Region has headroom, Critical and Standard requests
-// are told to spill there instead of queueing.
+// pools in this Region as their Tier-1s computed it (the digests'
+// Saturation, combined over clusters by fresh pods). When the local pools
+// are saturated and another Region has headroom, Critical and Standard
+// requests are told to spill there instead of queueing.
 type Admission struct {
-	Region     string
-	Fleet      *regions.Fleet
+	Region string
+	Fleet  *regions.Fleet
+	// Thresholds: StaleAfter is the digest age beyond which a cluster's
+	// saturation is not believed (zero: 2 s, four 500 ms digest periods);
+	// Queue sets the capacity one fresh pod adds (zero: 5 requests), used
+	// to account for requests admitted between two digests.
 	Thresholds priority.Thresholds
 	// Config applies to every Gate (queue bounds, maximum waits).
 	Config  priority.Config
@@ -25,8 +31,29 @@ type Admission struct {
 	// Tenants gives fair-queueing weights; set by the router on reload.
 	Tenants func() *priority.Tenants
 
-	mu    sync.Mutex
-	gates map[string]*priority.Gate
+	mu       sync.Mutex
+	gates    map[string]*priority.Gate
+	seen     map[string]uint64 // by model: digests last observed (see observe)
+	claims   *priority.Tenants // counts downgrades (see Band)
+	claimsOf *config.Snapshot
+}
+
+// Band returns the band a tenant's request gets under snap's tenant
+// policies: its claim lowered to the tenant's maxBand, the downgrade
+// counted in meridian_priority_downgrades_total.
+func (a *Admission) Band(snap *config.Snapshot, tenant string, claimed priority.Band) priority.Band {
+	a.mu.Lock()
+	if a.claimsOf != snap {
+		if a.claims == nil {
+			a.claims, _ = priority.NewTenants(nil, a.Metrics)
+		}
+		if err := a.claims.Update(snap.Tenants); err == nil {
+			a.claimsOf = snap
+		}
+	}
+	t := a.claims
+	a.mu.Unlock()
+	return t.Band(tenant, claimed)
 }
 
 func (a *Admission) gate(model string) *priority.Gate {
@@ -42,8 +69,8 @@ func (a *Admission) gate(model string) *priority.Gate {
 			g.Tenants = a.Tenants()
 		}
 		g.SetConfig(a.Config)
-		g.Observe(a.saturation(model, a.Region, true))
 		a.gates[model] = g
+		a.observeLocked(model, g)
 	}
 	return g
 }
@@ -65,20 +92,59 @@ func (a *Admission) Admit(ctx context.Context, model string, r priority.Request)
 // saturation combines the digests of model's pools: in region when local,
 // elsewhere when not (to find headroom for a spill).
 func (a *Admission) saturation(model, region string, local bool) priority.Saturation {
-	th := a.Thresholds
-	if th.Queue <= 0 {
-		th = priority.DefaultThresholds()
-	}
+	s, _ := a.saturationVersion(model, region, local)
+	return s
+}
+
+// saturationVersion is saturation plus a value that changes whenever a
+// digest it was computed from is replaced or goes stale.
+func (a *Admission) saturationVersion(model, region string, local bool) (priority.Saturation, uint64) {
+	th := a.thresholds()
 	now := time.Now()
 	var pools []priority.Saturation
+	var version uint64
 	for _, d := range a.Fleet.Digests().Digests() {
 		if (d.Region == region) != local || !servesModel(d, model) {
 			continue
 		}
-		s := digestSaturation(d, th)
-		pools = append(pools, th.Digest(s, now.Sub(d.Produced)))
+		s := th.Digest(digestSaturation(d, th), now.Sub(d.Produced))
+		version = version*31 + uint64(d.Produced.UnixNano()) + d.Version
+		if !s.Known() {
+			version++
+		}
+		pools = append(pools, s)
 	}
-	return priority.Combine(pools...)
+	return priority.Combine(pools...), version
+}
+
+func (a *Admission) thresholds() priority.Thresholds {
+	th, d := a.Thresholds, priority.DefaultThresholds()
+	if th.Queue <= 0 {
+		th.Queue = d.Queue
+	}
+	if th.KVCache <= 0 {
+		th.KVCache = d.KVCache
+	}
+	if th.StaleAfter <= 0 {
+		th.StaleAfter = d.StaleAfter
+	}
+	return th
+}
+
+// observeLocked hands model's local saturation to its Gate when a digest
+// it depends on changed since the last time. Observing an unchanged digest
+// again would reset the Gate's count of requests admitted since that
+// digest was produced, and let a burst through on old numbers.
+func (a *Admission) observeLocked(model string, g *priority.Gate) {
+	s, v := a.saturationVersion(model, a.Region, true)
+	if a.seen == nil {
+		a.seen = map[string]uint64{}
+	}
+	if last, ok := a.seen[model]; ok && last == v {
+		return
+	}
+	a.seen[model] = v
+	g.Observe(s)
 }
 
 // otherRegionHasHeadroom reports whether some other Region's pools of the
@@ -100,10 +166,17 @@ func servesModel(d regions.Digest, model string) bool {
 	return false
 }
 
-// digestSaturation approximates a pool's saturation from its digest: the
-// mean queue per ready pod against the queue threshold, or the mean KV use
-// against the KV threshold, whichever is fuller.
+// digestSaturation is a pool's saturation from its digest: what its Tier-1
+// computed from live pod metrics when the digest carries it (FreshPods >
+// 0). A digest without it (a Tier-1 that predates the field, or a pool
+// with no fresh pod) is approximated from the pool's mean queue per ready
+// pod against the queue threshold, or its mean KV use against the KV
+// threshold, whichever is fuller.
 func digestSaturation(d regions.Digest, th priority.Thresholds) priority.Saturation {
+	if d.FreshPods > 0 {
+		return priority.Saturation{Value: d.Saturation, PerRequest: 1 / (float64(d.FreshPods) * th.Queue),
+			Fresh: d.FreshPods, Stale: d.StalePods}
+	}
 	if d.ReadyPods <= 0 {
 		return priority.Saturation{Stale: d.TotalPods}
 	}
@@ -112,7 +185,8 @@ func digestSaturation(d regions.Digest, th priority.Thresholds) priority.Saturat
 	return priority.Saturation{Value: max(q, kv), PerRequest: 1 / (float64(d.ReadyPods) * th.Queue), Fresh: d.ReadyPods}
 }
 
-// Run refreshes every gate's saturation until ctx ends.
+// Run hands every gate its saturation whenever a digest changed, checking
+// every interval (zero: 200 ms), until ctx ends.
 func (a *Admission) Run(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		every = 200 * time.Millisecond
@@ -126,13 +200,9 @@ func (a *Admission) Run(ctx context.Context, every time.Duration) {
 		case <-t.C:
 		}
 		a.mu.Lock()
-		gates := make(map[string]*priority.Gate, len(a.gates))
 		for m, g := range a.gates {
-			gates[m] = g
+			a.observeLocked(m, g)
 		}
 		a.mu.Unlock()
-		for m, g := range gates {
-			g.Observe(a.saturation(m, a.Region, true))
-		}
 	}
 }

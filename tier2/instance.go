@@ -366,6 +366,7 @@ func FromProto(cd *tier1v1.ClusterDigest, p *tier1v1.PoolDigest) regions.Digest 
 		ErrorRate:   p.GetErrorRate(),
 		HotAdapters: p.GetHotAdapters(), Headroom: p.GetHeadroom(), PrefixHitRatio: p.GetPrefixHitRatio(),
 		Version: p.GetVersion(), Produced: time.Unix(0, p.GetProducedUnixNano()),
+		Saturation: p.GetSaturation(), FreshPods: int(p.GetFreshPods()), StalePods: int(p.GetStalePods()),
 	}
 }
 

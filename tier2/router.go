@@ -375,10 +375,11 @@ func (r *Router) admit(st *state, c *call, _ http.ResponseWriter, req *http.Requ
 		}
 		claimed = b
 	}
-	c.band = st.tenants.Band(c.caller.Tenant, claimed)
 	if r.cfg.Priority == nil {
+		c.band = st.tenants.Band(c.caller.Tenant, claimed)
 		return nil
 	}
+	c.band = r.cfg.Priority.Band(st.snap, c.caller.Tenant, claimed) // lowered to maxBand, counted
 	tk, spill, err := r.cfg.Priority.Admit(req.Context(), c.resolved.Target, priority.Request{
 		Tenant: c.caller.Tenant, Band: c.band, Bytes: int64(len(c.raw)),
 	})
