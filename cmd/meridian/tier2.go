@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/hashicorp/memberlist"
 	"github.com/spf13/cobra"
@@ -28,6 +29,7 @@ type tier2Flags struct {
 	subscribeAll   bool
 	tlsCert        string
 	tlsKey         string
+	canaryPeriod   time.Duration
 }
 
 func newTier2Cmd() *cobra.Command {
@@ -58,6 +60,7 @@ func newTier2Cmd() *cobra.Command {
 	cmd.Flags().BoolVar(&f.subscribeAll, "subscribe-all", false, "subscribe to every cluster's health feed, not only this Region's (a lone Tier-2 without gossip)")
 	cmd.Flags().StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS and HTTP/2)")
 	cmd.Flags().StringVar(&f.tlsKey, "tls-key", "", "TLS key file")
+	cmd.Flags().DurationVar(&f.canaryPeriod, "canary-period", 5*time.Second, "longest time between two canary analyses (shorter for rollouts with short steps)")
 	return cmd
 }
 
@@ -76,10 +79,18 @@ func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport
 	if err != nil {
 		return nil, err
 	}
+	store, closeStore, err := canaryStore(f.src)
+	if err != nil {
+		src.close()
+		return nil, err
+	}
+	closeSrc := src.close
+	src.close = func() { closeStore(); closeSrc() }
 	inst, err := tier2.NewInstance(ctx, tier2.InstanceConfig{
 		Region: f.region, Name: f.name, GossipBind: f.gossipBind, GossipJoin: f.join, GossipProfile: f.gossipProfile,
 		SubscribeAll: f.subscribeAll, InsecureNoAuth: f.insecureNoAuth, ConfigDir: f.src.dir, Keys: keys,
 		Transport: transport, Registerer: reg, Logger: log, GossipTransport: gt,
+		Canary: tier2.CanaryConfig{Store: store, Period: f.canaryPeriod},
 	}, src.Snapshot())
 	if err != nil {
 		src.close()
