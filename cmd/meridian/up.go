@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -20,6 +21,8 @@ import (
 	"github.com/go-jose/go-jose/v4"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meridian-router/meridian/config"
@@ -40,6 +43,8 @@ type upFlags struct {
 	tenant     string
 	targets    string
 	verbose    bool
+	etcd       []string
+	prefix     string
 }
 
 func newUpCmd() *cobra.Command {
@@ -69,6 +74,8 @@ func newUpCmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.tenant, "tenant", "support-team", "tenant of the printed development token")
 	cmd.Flags().StringVar(&f.targets, "prometheus-targets", "", "write a Prometheus file_sd JSON of every metrics endpoint to this file")
 	cmd.Flags().BoolVarP(&f.verbose, "verbose", "v", false, "log at info level")
+	cmd.Flags().StringSliceVar(&f.etcd, "etcd", nil, "serve the configuration from etcd (seeded with --config or the example when the prefix is empty), so `meridian canary --etcd` can change it")
+	cmd.Flags().StringVar(&f.prefix, "prefix", config.DefaultPrefix, "etcd key prefix (with --etcd)")
 	return cmd
 }
 
@@ -110,7 +117,10 @@ type MetricsTarget struct {
 	Labels map[string]string
 }
 
-func loadUpConfig(f upFlags) (*config.Snapshot, sourceFlags, error) {
+func loadUpConfig(ctx context.Context, f upFlags) (*config.Snapshot, sourceFlags, error) {
+	if len(f.etcd) > 0 {
+		return etcdUpConfig(ctx, f)
+	}
 	if f.dir != "" {
 		s, err := config.LoadDir(f.dir)
 		return s, sourceFlags{dir: f.dir}, err
@@ -123,8 +133,43 @@ func loadUpConfig(f upFlags) (*config.Snapshot, sourceFlags, error) {
 	return s, sourceFlags{static: s}, err
 }
 
+// etcdUpConfig serves the platform from etcd. An empty prefix is seeded
+// first with --config or the embedded example.
+func etcdUpConfig(ctx context.Context, f upFlags) (*config.Snapshot, sourceFlags, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: f.etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, sourceFlags{}, fmt.Errorf("up: etcd: %w", err)
+	}
+	defer cli.Close()
+	store := &config.Store{Client: cli, Prefix: f.prefix}
+	snap, err := store.Load(ctx)
+	if err == nil && len(snap.Objects) == 0 {
+		var docs []config.Document
+		if f.dir != "" {
+			docs, _, err = config.ReadDir(f.dir)
+		} else {
+			docs, err = config.ReadFS(examples.Platform(), "embedded:deploy/examples/platform")
+		}
+		var plan *config.Plan
+		if err == nil {
+			plan, err = store.PlanApply(ctx, docs, nil)
+		}
+		if err == nil {
+			_, err = store.Commit(ctx, plan)
+		}
+		if err == nil {
+			snap, err = store.Load(ctx)
+		}
+	}
+	if err != nil {
+		return nil, sourceFlags{}, fmt.Errorf("up: %w", err)
+	}
+	cache := filepath.Join(os.TempDir(), fmt.Sprintf("meridian-up-%d.json", os.Getpid()))
+	return snap, sourceFlags{endpoints: f.etcd, prefix: f.prefix, cache: cache}, nil
+}
+
 func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error) {
-	snap, src, err := loadUpConfig(f)
+	snap, src, err := loadUpConfig(ctx, f)
 	if err != nil {
 		return nil, err
 	}
