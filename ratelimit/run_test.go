@@ -179,3 +179,54 @@ func TestReportSplitsIntoParts(t *testing.T) {
 		t.Fatalf("relayed: c holds %d of a's limits, want 20", got)
 	}
 }
+
+// TestConcurrentUse runs decisions, settlements, syncs, merges, push/pull
+// and config updates at once; with -race it checks the locking.
+func TestConcurrentUse(t *testing.T) {
+	cfg := DefaultConfig("a")
+	a, errA := New(cfg)
+	b, errB := New(DefaultConfig("b"))
+	if err := errors.Join(errA, errB); err != nil {
+		t.Fatal(err)
+	}
+	small, big := benchTenants(), benchTenants()
+	delete(small, "acme")
+	big["acme"].Spec.Limits.Requests = rate(1200, time.Minute, 0)
+	if err := errors.Join(a.Update(big), b.Update(big)); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				d := a.Allow(Request{Tenant: []string{"acme", "globex", "hooli"}[(i+w)%3], Model: "m1", Band: config.BandStandard, Tokens: 100})
+				if d.Allowed {
+					a.Settle(d.Ticket, 40)
+				}
+			}
+		}()
+	}
+	for i := range 200 {
+		if err := a.Update([]map[string]*config.Tenant{small, big}[i%2]); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range a.Sync() {
+			b.Merge("a", p)
+		}
+		for _, p := range b.Sync() {
+			a.Merge("b", p)
+		}
+		a.Merge("b", b.LocalState())
+		a.Peers()
+	}
+	close(stop)
+	wg.Wait()
+}
