@@ -30,7 +30,8 @@ type Request struct {
 	// Model is the target model after rewrites; per-model limits match it.
 	Model string
 	// Band is the priority band (config.BandCritical, ...); per-band limits
-	// match it. Empty means config.BandStandard.
+	// match it. Empty means config.BandStandard; any other value matches no
+	// per-band limit.
 	Band string
 	// Tokens is the estimate charged to token limits at admission: prompt
 	// tokens plus the maximum output tokens. Negative counts as zero.
