@@ -157,8 +157,8 @@ func Run(w *Workload, p Policy, o Options) (*Result, error) {
 		offset := o.ScrapeInterval * time.Duration(r) / time.Duration(len(routers))
 		e.At(offset, func() {
 			scrape := func() {
-				// Every replica scrapes the same pods; one snapshot per
-				// instant serves all that scrape at it.
+				// Each replica scrapes every pod at its own phase, as
+				// independent scrapers do.
 				takeSnapshot()
 				rt.scrape(snap, e.Now())
 			}
