@@ -49,6 +49,7 @@ var tierFlags = map[string][]string{
 // manifests is one rendering of the chart, decoded.
 type manifests struct {
 	deployments     []*appsv1.Deployment
+	statefulSets    []*appsv1.StatefulSet
 	services        []*corev1.Service
 	configMaps      []*corev1.ConfigMap
 	serviceAccounts []*corev1.ServiceAccount
@@ -135,6 +136,9 @@ func decode(out map[string]string) (manifests, []error) {
 			case "apps/v1/Deployment":
 				o := &appsv1.Deployment{}
 				m.deployments, obj = append(m.deployments, o), o
+			case "apps/v1/StatefulSet":
+				o := &appsv1.StatefulSet{}
+				m.statefulSets, obj = append(m.statefulSets, o), o
 			case "v1/Service":
 				o := &corev1.Service{}
 				m.services, obj = append(m.services, o), o
@@ -297,6 +301,22 @@ func TestChartRendersAndDecodes(t *testing.T) {
 // against the values, beyond what decoding catches.
 func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[string][]*relabel.Config) {
 	t.Helper()
+	// StatefulSets are checked like Deployments: same pod template rules.
+	kinds := map[string]string{}
+	for _, d := range m.deployments {
+		kinds[d.Name] = "Deployment"
+	}
+	for _, s := range m.statefulSets {
+		kinds[s.Name] = "StatefulSet"
+		if s.Spec.ServiceName == "" || findService(m.services, s.Spec.ServiceName) == nil || findService(m.services, s.Spec.ServiceName).Spec.ClusterIP != "None" {
+			t.Errorf("StatefulSet %s: serviceName %q is not a rendered headless Service", s.Name, s.Spec.ServiceName)
+		}
+		checkPeers(t, s, m.hpas)
+		m.deployments = append(m.deployments, &appsv1.Deployment{
+			ObjectMeta: s.ObjectMeta,
+			Spec:       appsv1.DeploymentSpec{Replicas: s.Spec.Replicas, Selector: s.Spec.Selector, Template: s.Spec.Template},
+		})
+	}
 	tiers := map[string]*appsv1.Deployment{}
 	for _, d := range m.deployments {
 		tier := d.Spec.Template.Labels["app.kubernetes.io/component"]
@@ -306,12 +326,8 @@ func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[str
 	}
 	for _, tier := range []string{"tier1", "tier2"} {
 		if tiers[tier] == nil {
-			t.Errorf("no %s Deployment", tier)
+			t.Errorf("no %s workload", tier)
 		}
-	}
-	deploymentNames := map[string]bool{}
-	for _, d := range m.deployments {
-		deploymentNames[d.Name] = true
 	}
 
 	// Services select pods of a Deployment and name ports those pods have.
@@ -337,7 +353,7 @@ func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[str
 	}
 	for _, h := range m.hpas {
 		ref := h.Spec.ScaleTargetRef
-		if ref.Kind != "Deployment" || ref.APIVersion != "apps/v1" {
+		if (ref.Kind != "Deployment" && ref.Kind != "StatefulSet") || ref.APIVersion != "apps/v1" {
 			t.Errorf("HPA %s scales %s %s", h.Name, ref.APIVersion, ref.Kind)
 		}
 		if h.Spec.MaxReplicas < 1 || (h.Spec.MinReplicas != nil && *h.Spec.MinReplicas > h.Spec.MaxReplicas) {
@@ -355,8 +371,8 @@ func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[str
 					t.Errorf("HPA %s: external metric without a pool selector", h.Name)
 				}
 			case autoscalingv2.ResourceMetricSourceType:
-				if !deploymentNames[ref.Name] {
-					t.Errorf("HPA %s scales %s, not rendered", h.Name, ref.Name)
+				if kinds[ref.Name] != ref.Kind {
+					t.Errorf("HPA %s scales %s %s, not rendered", h.Name, ref.Kind, ref.Name)
 				}
 			default:
 				t.Errorf("HPA %s: metric type %s", h.Name, metric.Type)
@@ -739,4 +755,41 @@ func platformPools(t *testing.T) map[string]*config.InferencePool {
 		t.Fatal(err)
 	}
 	return snap.Pools
+}
+
+// checkPeers checks Tier-1's --peers names every replica the StatefulSet
+// can have, by its stable DNS name, on the health port.
+func checkPeers(t *testing.T, s *appsv1.StatefulSet, hpas []*autoscalingv2.HorizontalPodAutoscaler) {
+	t.Helper()
+	want := 0
+	if s.Spec.Replicas != nil {
+		want = int(*s.Spec.Replicas)
+	}
+	for _, h := range hpas {
+		if h.Spec.ScaleTargetRef.Kind == "StatefulSet" && h.Spec.ScaleTargetRef.Name == s.Name {
+			want = int(h.Spec.MaxReplicas)
+		}
+	}
+	ctr := s.Spec.Template.Spec.Containers[0]
+	var peers []string
+	for _, a := range ctr.Args {
+		if v, ok := strings.CutPrefix(a, "--peers="); ok {
+			peers = strings.Split(v, ",")
+		}
+	}
+	var health int32
+	for _, p := range ctr.Ports {
+		if p.Name == "health" {
+			health = p.ContainerPort
+		}
+	}
+	if len(peers) != want {
+		t.Errorf("StatefulSet %s: %d peers for up to %d replicas: %v", s.Name, len(peers), want, peers)
+	}
+	for i, p := range peers {
+		name := fmt.Sprintf("%s-%d.%s.%s.svc.cluster.local:%d", s.Name, i, s.Spec.ServiceName, namespace, health)
+		if p != name {
+			t.Errorf("StatefulSet %s: peer %d is %s, want %s", s.Name, i, p, name)
+		}
+	}
 }
