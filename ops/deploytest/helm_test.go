@@ -42,8 +42,8 @@ const (
 // cmd/meridian; --prefix from the shared configuration-source flags). A rendered argument outside these
 // fails the test.
 var tierFlags = map[string][]string{
-	"tier1": {"--config", "--etcd", "--prefix", "--cluster", "--region", "--listen", "--extproc", "--health", "--metrics", "--peers"},
-	"tier2": {"--config", "--etcd", "--prefix", "--region", "--listen", "--gossip-bind", "--join", "--metrics"},
+	"tier1": {"--config", "--etcd", "--prefix", "--cache", "--cluster", "--region", "--listen", "--extproc", "--health", "--metrics", "--peers"},
+	"tier2": {"--config", "--etcd", "--prefix", "--cache", "--region", "--listen", "--gossip-bind", "--join", "--metrics"},
 }
 
 // manifests is one rendering of the chart, decoded.
@@ -532,6 +532,9 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment, tier string) {
 			t.Errorf("Deployment %s: %s given twice", d.Name, flag)
 		}
 		seen[flag] = true
+	}
+	if seen["--etcd"] && !seen["--cache"] {
+		t.Errorf("Deployment %s: etcd source without --cache: the default cache directory is not writable (read-only root file system)", d.Name)
 	}
 	if seen["--config"] == seen["--etcd"] {
 		t.Errorf("Deployment %s: exactly one of --config and --etcd, got %v", d.Name, ctr.Args)

@@ -51,6 +51,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- with .Values.config.etcd.prefix }}
 - --prefix={{ . }}
 {{- end }}
+{{- /* The last-known-good copy survives container restarts, so a restart
+while etcd is unreachable still serves. */}}
+- --cache=/var/cache/meridian/config.json
 {{- else if eq .Values.config.source "configMap" }}
 - --config=/etc/meridian/config
 {{- else }}
@@ -77,6 +80,10 @@ app.kubernetes.io/component: {{ index . 1 }}
       {{- end }}
     {{- end }}
 {{- end }}
+{{- if eq .Values.config.source "etcd" }}
+- name: cache
+  emptyDir: {}
+{{- end }}
 - name: tmp
   emptyDir: {}
 {{- end -}}
@@ -86,6 +93,10 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: config
   mountPath: /etc/meridian/config
   readOnly: true
+{{- end }}
+{{- if eq .Values.config.source "etcd" }}
+- name: cache
+  mountPath: /var/cache/meridian
 {{- end }}
 - name: tmp
   mountPath: /tmp
