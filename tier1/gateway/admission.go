@@ -82,7 +82,7 @@ func (g *Gateway) Route(ctx context.Context, body *request.Body, meta Meta) (*De
 	if !g.cfg.Admission.Off {
 		tenant, band, err := g.Band(meta.Header)
 		if err != nil {
-			g.metrics.rejected.WithLabelValues(r.state.name, "bad_priority").Inc()
+			g.metrics.rejected.WithLabelValues(r.state.name, "bad_request").Inc()
 			return nil, err
 		}
 		tk, err = r.state.gate.Admit(ctx, priority.Request{Tenant: tenant, Band: band, Bytes: meta.Bytes})
@@ -106,19 +106,18 @@ func (d *Decision) Release() { d.ticket.Done() }
 func (g *Gateway) admissionError(pool, model string, err error) error {
 	var rej *priority.Rejection
 	if !errors.As(err, &rej) {
-		g.metrics.rejected.WithLabelValues(pool, "canceled").Inc()
-		return err
+		return err // the caller went away while waiting
 	}
-	code, reason := "shed", rej.Reason.String()
+	code := "shed"
 	switch rej.Reason {
 	case priority.ReasonQueueFull, priority.ReasonEvicted:
 		code = "queue_full"
 	case priority.ReasonTimeout:
 		code = "queue_timeout"
 	}
-	g.metrics.rejected.WithLabelValues(pool, "shed_"+reason).Inc()
+	g.metrics.rejected.WithLabelValues(pool, code).Inc()
 	return request.TooManyRequests(code,
-		fmt.Sprintf("%s request shed: the pool serving %q is at capacity (%s)", rej.Band, model, reason),
+		fmt.Sprintf("%s request shed: the pool serving %q is at capacity (%s)", rej.Band, model, rej.Reason),
 		int(math.Ceil(rej.RetryAfter.Seconds())))
 }
 

@@ -1,0 +1,370 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/priority"
+	"github.com/meridian-router/meridian/request"
+	"github.com/meridian-router/meridian/tier1"
+	"github.com/meridian-router/meridian/tier1/gateway"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+const tenantsYAML = `---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: payments}
+spec: {maxBand: Critical}
+`
+
+func snapshot(t *testing.T, extra string) *config.Snapshot {
+	t.Helper()
+	y := `apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: c1}
+spec:
+  cluster: c1
+  schedulers:
+  - name: chat
+    modelName: chat-model
+    modelSelector: {matchLabels: {pool: chat}}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: StaticEndpoints
+metadata: {name: pods}
+spec:
+  endpoints:
+  - {name: pod-a, address: "10.0.0.1:8000", labels: {pool: chat}}
+  - {name: pod-b, address: "10.0.0.2:8000", labels: {pool: chat}}
+` + extra
+	docs, errs := config.Decode("test.yaml", []byte(y))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	s, err := config.Build(docs, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// newGateway is a gateway over pods a and b of pool "chat", never scraped:
+// tests install metrics by hand and call ObservePools. Built inside a
+// synctest bubble, it runs on the fake clock.
+func newGateway(t *testing.T, cfg gateway.Config, extra string) (*gateway.Gateway, map[string]*tier1.Endpoint, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.Cluster, cfg.Logger, cfg.Registerer = "c1", quiet, reg
+	cfg.Options.MaxMetricsAge = time.Hour
+	gw, err := gateway.New(cfg, snapshot(t, extra))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := map[string]*tier1.Endpoint{}
+	for _, ep := range gw.Pools()[0].Pool.Endpoints() {
+		eps[endpointName(ep.ID)] = ep
+	}
+	return gw, eps, reg
+}
+
+// load installs fresh metrics, waiting requests per pod ("a", "b"), and
+// observes them.
+func load(gw *gateway.Gateway, eps map[string]*tier1.Endpoint, waiting map[string]int) {
+	for id, ep := range eps {
+		ep.SetMetrics(&tier1.Metrics{Waiting: waiting[id], ScrapedAt: time.Now()})
+	}
+	gw.ObservePools()
+}
+
+func endpointName(id string) string {
+	if i := strings.LastIndexByte(id, '-'); i >= 0 {
+		return id[i+1:]
+	}
+	return id
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue next
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+var body = &request.Body{Model: "chat-model", Kind: request.Completion, Prompt: "hello"}
+
+func header(kv ...string) http.Header {
+	h := http.Header{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		h.Set(kv[i], kv[i+1])
+	}
+	return h
+}
+
+func TestBand(t *testing.T) {
+	gw, _, reg := newGateway(t, gateway.Config{Admission: gateway.Admission{Objectives: map[string]int{"batch-jobs": -5, "checkout": 100}}}, tenantsYAML)
+	cases := []struct {
+		name   string
+		h      http.Header
+		tenant string
+		band   priority.Band
+		bad    bool
+	}{
+		{"no header", header(), "", priority.Standard, false},
+		{"Tier-2 band", header("x-meridian-tenant", "payments", "x-meridian-band", "Critical"), "payments", priority.Critical, false},
+		{"Tier-2 band wins over GIE's", header("x-meridian-tenant", "payments", "x-meridian-band", "Sheddable", "x-gateway-inference-objective", "7"), "payments", priority.Sheddable, false},
+		{"GIE integer, negative", header("x-gateway-inference-fairness-id", "batch", "x-gateway-inference-objective", "-1"), "batch", priority.Sheddable, false},
+		{"GIE integer, zero", header("x-gateway-inference-objective", "0"), "", priority.Standard, false},
+		{"GIE objective name", header("x-gateway-inference-fairness-id", "payments", "x-gateway-inference-objective", "checkout"), "payments", priority.Critical, false},
+		{"GIE objective name, negative", header("x-gateway-inference-objective", "batch-jobs"), "", priority.Sheddable, false},
+		{"x-meridian-tenant wins over the fairness id", header("x-meridian-tenant", "payments", "x-gateway-inference-fairness-id", "other"), "payments", priority.Standard, false},
+		{"over-claim lowered", header("x-gateway-inference-fairness-id", "intruder", "x-gateway-inference-objective", "5"), "intruder", priority.Standard, false},
+		{"unknown band", header("x-meridian-band", "Urgent"), "", priority.Standard, true},
+		{"unknown objective", header("x-gateway-inference-objective", "vip"), "", priority.Standard, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tenant, band, err := gw.Band(tc.h)
+			if tc.bad {
+				var ae *request.APIError
+				if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
+					t.Fatalf("err %v; want a 400 APIError", err)
+				}
+				return
+			}
+			if err != nil || tenant != tc.tenant || band != tc.band {
+				t.Fatalf("got %q %s %v; want %q %s", tenant, band, err, tc.tenant, tc.band)
+			}
+		})
+	}
+	if got := counter(t, reg, "meridian_priority_downgrades_total", map[string]string{"tenant": priority.UnknownTenant, "from": "Critical", "to": "Standard"}); got != 1 {
+		t.Errorf("downgrades counted %v, want 1", got)
+	}
+
+	// A reload that raises the tenant's maxBand applies to the next request.
+	if err := gw.Apply(snapshot(t, tenantsYAML+"---\napiVersion: meridian.dev/v1alpha1\nkind: Tenant\nmetadata: {name: intruder}\nspec: {maxBand: Critical}\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, band, _ := gw.Band(header("x-gateway-inference-fairness-id", "intruder", "x-gateway-inference-objective", "5")); band != priority.Critical {
+		t.Errorf("after the reload: %s, want Critical", band)
+	}
+}
+
+// TestRouteLateBinding: at a saturated pool a Standard request waits in
+// the Gate, and its pod is chosen when it leaves: the pod that is best
+// then, not the one that was best when it arrived.
+func TestRouteLateBinding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gw, eps, reg := newGateway(t, gateway.Config{}, "")
+		// Saturated (mean of 8/5 and 4/5 = 1.2); pod a is the better one.
+		load(gw, eps, map[string]int{"a": 4, "b": 8})
+		type result struct {
+			d   *gateway.Decision
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			d, err := gw.Route(context.Background(), body, gateway.Meta{Header: header("x-meridian-tenant", "docs"), Bytes: 100})
+			done <- result{d, err}
+		}()
+		synctest.Wait()
+		if n := gw.Gate("chat").Len(); n != 1 {
+			t.Fatalf("%d waiting; want the request queued", n)
+		}
+		if got := counter(t, reg, "meridian_priority_decisions_total", map[string]string{"pool": "chat", "band": "Standard"}); got != 0 {
+			t.Fatalf("%v decisions before release", got)
+		}
+
+		// Pod a fills up, pod b drains: headroom (mean 0.8), and b is best.
+		time.Sleep(50 * time.Millisecond)
+		load(gw, eps, map[string]int{"a": 8, "b": 0})
+		synctest.Wait()
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if got := endpointName(r.d.Endpoints[0].ID); got != "b" {
+			t.Errorf("released request sent to pod %s; want b, the best pod at release", got)
+		}
+		r.d.Release()
+		r.d.Release() // idempotent
+	})
+}
+
+func TestRouteShedAndTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gw, eps, reg := newGateway(t, gateway.Config{Admission: gateway.Admission{Gate: priority.Config{StandardMaxWait: 3 * time.Second}}}, "")
+		load(gw, eps, map[string]int{"a": 6, "b": 6})
+
+		_, err := gw.Route(context.Background(), body, gateway.Meta{Header: header("x-gateway-inference-objective", "-1")})
+		var ae *request.APIError
+		if !errors.As(err, &ae) || ae.Status != http.StatusTooManyRequests || ae.Code != "shed" || ae.RetryAfter != 1 {
+			t.Fatalf("Sheddable at a saturated pool: %v; want 429 shed with Retry-After 1", err)
+		}
+
+		start := time.Now()
+		_, err = gw.Route(context.Background(), body, gateway.Meta{})
+		if !errors.As(err, &ae) || ae.Status != http.StatusTooManyRequests || ae.Code != "queue_timeout" {
+			t.Fatalf("Standard past its wait: %v; want 429 queue_timeout", err)
+		}
+		if waited := time.Since(start); waited != 3*time.Second {
+			t.Errorf("waited %s; want the configured 3s", waited)
+		}
+
+		// A caller that goes away leaves the queue without a 429.
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			synctest.Wait()
+			cancel()
+		}()
+		if _, err = gw.Route(ctx, body, gateway.Meta{}); !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled while waiting: %v", err)
+		}
+		if n := gw.Gate("chat").Len(); n != 0 {
+			t.Errorf("%d still queued", n)
+		}
+		for reason, want := range map[string]float64{"shed": 1, "queue_timeout": 1} {
+			if got := counter(t, reg, "meridian_tier1_rejected_total", map[string]string{"pool": "chat", "reason": reason}); got != want {
+				t.Errorf("rejected %s: %v, want %v", reason, got, want)
+			}
+		}
+
+		// An unknown model is a 404 before admission.
+		if _, err := gw.Route(context.Background(), &request.Body{Model: "nope"}, gateway.Meta{}); !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
+			t.Errorf("unknown model: %v", err)
+		}
+	})
+}
+
+// Releasing a decision hands its capacity to the next waiter: saturated
+// by the Gate's own count of what it let in, each Release lets one in.
+func TestReleaseLetsTheNextIn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gw, eps, _ := newGateway(t, gateway.Config{}, "")
+		load(gw, eps, map[string]int{"a": 0, "b": 0})
+		// Two pods × 5 × 0.9: nine requests fill the Standard budget.
+		var held []*gateway.Decision
+		for range 9 {
+			d, err := gw.Route(context.Background(), body, gateway.Meta{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, d)
+		}
+		done := make(chan *gateway.Decision, 2)
+		for range 2 {
+			go func() {
+				d, err := gw.Route(context.Background(), body, gateway.Meta{})
+				if err != nil {
+					t.Error(err)
+				}
+				done <- d
+			}()
+		}
+		synctest.Wait()
+		if n := gw.Gate("chat").Len(); n != 2 {
+			t.Fatalf("%d waiting; want 2", n)
+		}
+		held[0].Release()
+		synctest.Wait()
+		if n := gw.Gate("chat").Len(); n != 1 || len(done) != 1 {
+			t.Fatalf("after one release: %d waiting, %d admitted; want 1 and 1", n, len(done))
+		}
+		held[1].Release()
+		synctest.Wait()
+		if len(done) != 2 {
+			t.Fatalf("second waiter not admitted")
+		}
+	})
+}
+
+// With admission off, Route never waits or sheds.
+func TestAdmissionOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gw, eps, _ := newGateway(t, gateway.Config{Admission: gateway.Admission{Off: true}}, "")
+		load(gw, eps, map[string]int{"a": 50, "b": 50})
+		for _, h := range []http.Header{header(), header("x-gateway-inference-objective", "-1")} {
+			d, err := gw.Route(context.Background(), body, gateway.Meta{Header: h})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.Release()
+		}
+	})
+}
+
+func ExampleGateway_Route() {
+	snap := exampleSnapshot()
+	gw, err := gateway.New(gateway.Config{Cluster: "c1"}, snap)
+	if err != nil {
+		panic(err)
+	}
+	for _, ep := range gw.Pools()[0].Pool.Endpoints() {
+		ep.SetMetrics(&tier1.Metrics{Waiting: 1, ScrapedAt: time.Now()})
+	}
+	gw.ObservePools() // Start does this every scrape interval
+	h := http.Header{}
+	h.Set("x-gateway-inference-objective", "-1") // GIE: Sheddable
+	d, err := gw.Route(context.Background(), &request.Body{Model: "chat-model", Kind: request.Completion, Prompt: "hi"}, gateway.Meta{Header: h})
+	if err != nil {
+		panic(err)
+	}
+	defer d.Release() // when the response has ended
+	fmt.Println(d.Pool, slices.Contains([]string{"10.0.0.1:8000", "10.0.0.2:8000"}, d.Endpoints[0].Address))
+	// Output: chat true
+}
+
+func exampleSnapshot() *config.Snapshot {
+	docs, _ := config.Decode("example.yaml", []byte(`apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: c1}
+spec:
+  schedulers:
+  - {name: chat, modelName: chat-model, modelSelector: {matchLabels: {pool: chat}}}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: StaticEndpoints
+metadata: {name: pods}
+spec:
+  endpoints:
+  - {name: pod-a, address: "10.0.0.1:8000", labels: {pool: chat}}
+  - {name: pod-b, address: "10.0.0.2:8000", labels: {pool: chat}}
+`))
+	s, err := config.Build(docs, 1)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
