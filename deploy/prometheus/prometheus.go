@@ -53,9 +53,10 @@ type LocalTargets struct {
 	// ModelServers are the model-server pods. Each group must carry a
 	// `pool` label: the queue-spread and prefix-hit panels group by it.
 	ModelServers []TargetGroup
-	// Meridian are Tier-1 and Tier-2 metrics listeners. Their groups must
-	// not carry `pool` (Meridian's series have their own); a `tier` label
-	// is customary.
+	// Meridian are Tier-1 and Tier-2 metrics listeners; a `tier` label is
+	// customary. The job honours the series' own labels, so a target
+	// label such as `region` only fills in where a series has none. Groups
+	// must not carry `pool`: Tier-2 series without one would gain it.
 	Meridian []TargetGroup
 }
 
@@ -72,7 +73,7 @@ func (t LocalTargets) Validate() error {
 	}
 	for i, g := range t.Meridian {
 		if _, ok := g.Labels["pool"]; ok {
-			errs = append(errs, fmt.Errorf("meridian[%d]: a pool label would overwrite the pool label of Meridian's own series", i))
+			errs = append(errs, fmt.Errorf("meridian[%d]: a pool label would be added to Meridian series that have none (and mislead sum by (pool))", i))
 		}
 		if len(g.Targets) == 0 {
 			errs = append(errs, fmt.Errorf("meridian[%d]: no targets", i))

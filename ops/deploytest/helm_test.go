@@ -395,8 +395,15 @@ func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[str
 		}
 	}
 
-	// ServiceMonitors find a Service with a metrics port.
+	// ServiceMonitors find a Service with a metrics port, and keep the
+	// series' own labels (meridian_tier1_pod_queue_depth has an endpoint
+	// label, which the Operator would otherwise rename).
 	for _, sm := range m.serviceMonitors {
+		for _, ep := range sm.Spec.Endpoints {
+			if !ep.HonorLabels {
+				t.Errorf("ServiceMonitor %s: honorLabels is off", sm.Name)
+			}
+		}
 		found := false
 		for _, s := range m.services {
 			if !labelsMatch(sm.Spec.Selector.MatchLabels, s.Labels) {

@@ -159,7 +159,7 @@ func TestLocalTargetsValidate(t *testing.T) {
 		want    string
 	}{
 		{"pod without pool", promdeploy.LocalTargets{ModelServers: []promdeploy.TargetGroup{{Targets: []string{"127.0.0.1:1"}}}}, "pool label is required"},
-		{"meridian with pool", promdeploy.LocalTargets{Meridian: []promdeploy.TargetGroup{{Targets: []string{"127.0.0.1:1"}, Labels: map[string]string{"pool": "a"}}}}, "would overwrite"},
+		{"meridian with pool", promdeploy.LocalTargets{Meridian: []promdeploy.TargetGroup{{Targets: []string{"127.0.0.1:1"}, Labels: map[string]string{"pool": "a"}}}}, "pool label would be added"},
 		{"empty group", promdeploy.LocalTargets{Meridian: []promdeploy.TargetGroup{{}}}, "no targets"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -178,6 +178,7 @@ type scrapeConfigFile struct {
 	RuleFiles     []string       `yaml:"rule_files"`
 	ScrapeConfigs []struct {
 		JobName             string            `yaml:"job_name"`
+		HonorLabels         bool              `yaml:"honor_labels"`
 		KubernetesSDConfigs []map[string]any  `yaml:"kubernetes_sd_configs"`
 		FileSDConfigs       []map[string]any  `yaml:"file_sd_configs"`
 		RelabelConfigs      []*relabel.Config `yaml:"relabel_configs"`
@@ -210,6 +211,11 @@ func kubernetesJobs(t *testing.T) map[string][]*relabel.Config {
 			}
 		}
 		jobs[sc.JobName] = sc.RelabelConfigs
+		// Meridian's region/cluster/pool labels must survive target
+		// labels of the same name; model servers have none of their own.
+		if want := sc.JobName == promdeploy.JobMeridian; sc.HonorLabels != want {
+			t.Errorf("job %s: honor_labels %v, want %v", sc.JobName, sc.HonorLabels, want)
+		}
 	}
 	for _, job := range []string{promdeploy.JobModelServers, promdeploy.JobMeridian} {
 		if _, ok := jobs[job]; !ok {
