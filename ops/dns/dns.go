@@ -235,8 +235,13 @@ func (c Config) validate() error {
 		if t.Port < 1 || t.Port > 65535 {
 			bad("target %s: port %d", t, t.Port)
 		}
-		if a, err := netip.ParseAddr(t.Host); err == nil && !a.Is4() {
-			bad("target %s: only IPv4 addresses or DNS names", t)
+		if a, err := netip.ParseAddr(t.Host); err == nil {
+			switch {
+			case !a.Is4():
+				bad("target %s: only IPv4 addresses or DNS names", t)
+			case !publicAddr(a):
+				bad("target %s: Route 53 cannot health-check a loopback, private or link-local address; give the load balancer's DNS name (--target %s=HOST:PORT)", t, t.Region)
+			}
 		}
 		kinds[recordType(t.Host)] = true
 	}
@@ -244,6 +249,11 @@ func (c Config) validate() error {
 		bad("targets mix IP addresses and DNS names; a name's latency records are all A or all CNAME")
 	}
 	return errors.Join(errs...)
+}
+
+// publicAddr reports whether Route 53's health checkers could reach a.
+func publicAddr(a netip.Addr) bool {
+	return !(a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsUnspecified())
 }
 
 func recordType(host string) string {

@@ -303,6 +303,8 @@ func TestInvalidConfig(t *testing.T) {
 		{"two per Region", dns.Config{Zone: zone, Name: "api.example.com", Targets: []dns.Target{twoRegions[0], twoRegions[0]}}, "two targets"},
 		{"mixed kinds", dns.Config{Zone: zone, Name: "api.example.com", Targets: []dns.Target{twoRegions[0], {Region: "eu-west-1", Host: "192.0.2.1", Port: 80}}}, "mix"},
 		{"IPv6", dns.Config{Zone: zone, Name: "api.example.com", Targets: []dns.Target{{Region: "us-east-1", Host: "2001:db8::1", Port: 80}}}, "IPv4"},
+		{"loopback", dns.Config{Zone: zone, Name: "api.example.com", Targets: []dns.Target{{Region: "us-east-1", Host: "127.0.0.1", Port: 8080}}}, "cannot health-check"},
+		{"private", dns.Config{Zone: zone, Name: "api.example.com", Targets: []dns.Target{{Region: "us-east-1", Host: "10.1.2.3", Port: 80}}}, "cannot health-check"},
 		{"interval", dns.Config{Zone: zone, Name: "api.example.com", Targets: twoRegions, HealthInterval: 15}, "10 or 30"},
 		{"threshold", dns.Config{Zone: zone, Name: "api.example.com", Targets: twoRegions, FailureThreshold: 11}, "1 to 10"},
 	} {

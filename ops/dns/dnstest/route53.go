@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -504,6 +505,9 @@ func (s *Server) createHealthCheck(w http.ResponseWriter, r *http.Request) {
 	case !slices.Contains([]string{"HTTP", "HTTPS", "TCP"}, c.Type):
 		writeError(w, http.StatusBadRequest, "Sender", "InvalidInput", "unsupported health check type "+c.Type)
 		return
+	case c.IPAddress != "" && !publicIPv4(c.IPAddress):
+		writeError(w, http.StatusBadRequest, "Sender", "InvalidInput", "Route 53 cannot check the health of endpoints in local, private, non-routable or multicast ranges: "+c.IPAddress)
+		return
 	case (c.IPAddress == "") == (c.FullyQualifiedDomainName == ""):
 		writeError(w, http.StatusBadRequest, "Sender", "InvalidInput", "this server wants exactly one of IPAddress and FullyQualifiedDomainName")
 		return
@@ -590,6 +594,11 @@ func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
 		Message   string   `xml:"Error>Message"`
 		RequestID string   `xml:"RequestId"`
 	}{Xmlns: xmlns, Type: typ, Code: code, Message: msg, RequestID: "dnstest"})
+}
+
+func publicIPv4(s string) bool {
+	a, err := netip.ParseAddr(s)
+	return err == nil && a.Is4() && !(a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsUnspecified())
 }
 
 func fqdn(name string) string {
