@@ -90,7 +90,7 @@ func newDNSCmd() *cobra.Command {
 		Use:     "plan",
 		Short:   "Show the changes apply would make",
 		Args:    cobra.NoArgs,
-		Example: "  meridian dns plan --zone example.com --name api.example.com --config deploy/examples/platform",
+		Example: "  meridian dns plan --zone example.com --name api.example.com --config platform/   # its Topology names the load balancers",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), pf.timeout)
 			defer cancel()
