@@ -52,7 +52,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newVersionCmd(), newConfigCmd())
+	root.AddCommand(newVersionCmd(), newConfigCmd(), newDNSCmd())
 	for _, add := range extraCommands {
 		root.AddCommand(add())
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/meridian-router/meridian/ops/cloudwatch"
 	"github.com/meridian-router/meridian/tier2"
 )
 
@@ -30,6 +31,8 @@ type tier2Flags struct {
 	tlsCert        string
 	tlsKey         string
 	canaryPeriod   time.Duration
+	cloudwatch     bool   // export per-Region aggregates to CloudWatch
+	cloudwatchAWS  string // AWS Region of the CloudWatch endpoint
 }
 
 func newTier2Cmd() *cobra.Command {
@@ -58,6 +61,8 @@ func newTier2Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.gossipProfile, "gossip-profile", "wan", "memberlist timing: lan, wan (instances span Regions) or local")
 	cmd.Flags().BoolVar(&f.insecureNoAuth, "insecure-no-auth", false, "admit callers without a token, as tenant \"anonymous\" (development only)")
 	cmd.Flags().BoolVar(&f.subscribeAll, "subscribe-all", false, "subscribe to every cluster's health feed, not only this Region's (a lone Tier-2 without gossip)")
+	cmd.Flags().BoolVar(&f.cloudwatch, "cloudwatch", false, "publish per-Region aggregates (requests, P99 TTFT per model, 429 rate, failovers) to CloudWatch with PutMetricData (standard AWS credential chain)")
+	cmd.Flags().StringVar(&f.cloudwatchAWS, "cloudwatch-region", "", "AWS Region of the CloudWatch endpoint (default: the SDK's: AWS_REGION, shared config)")
 	cmd.Flags().StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS and HTTP/2)")
 	cmd.Flags().StringVar(&f.tlsKey, "tls-key", "", "TLS key file")
 	cmd.Flags().DurationVar(&f.canaryPeriod, "canary-period", 5*time.Second, "longest time between two canary analyses (shorter for rollouts with short steps)")
@@ -117,12 +122,30 @@ func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport
 		}
 		out.servers = append(out.servers, ms)
 	}
+	var exporter *cloudwatch.Exporter
+	if f.cloudwatch {
+		c, err := cloudwatch.NewClient(ctx, cloudwatch.ClientOptions{Region: f.cloudwatchAWS})
+		if err != nil {
+			src.close()
+			return nil, fmt.Errorf("tier2: --cloudwatch: %w", err)
+		}
+		if exporter, err = cloudwatch.New(c, cloudwatch.Config{Region: f.region}, cloudwatch.FromGatherer(reg)); err != nil {
+			src.close()
+			return nil, fmt.Errorf("tier2: --cloudwatch: %w", err)
+		}
+	}
 	out.run = func(ctx context.Context) error {
 		defer src.close()
 		updates := src.Subscribe()
 		go src.run(ctx)
 		g, gctx := errgroup.WithContext(ctx)
 		g.Go(func() error { inst.Run(gctx, updates); return nil })
+		if exporter != nil {
+			g.Go(func() error {
+				exporter.Run(gctx, func(err error) { log.Warn("tier2: CloudWatch export failed; will retry", "error", err) })
+				return nil
+			})
+		}
 		for i, s := range out.servers {
 			if i == 0 && f.tlsCert != "" {
 				g.Go(func() error { return s.serveTLS(gctx, log, f.tlsCert, f.tlsKey) })
