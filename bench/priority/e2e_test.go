@@ -381,4 +381,3 @@ spec: {maxBand: Standard}
 		t.Errorf("queued after recovery: %v", got)
 	}
 }
-
