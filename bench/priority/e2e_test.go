@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,7 +34,7 @@ type tier1Cluster struct {
 	url string
 }
 
-func listen(t *testing.T) net.Listener {
+func listen(t testing.TB) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -45,7 +44,7 @@ func listen(t *testing.T) net.Listener {
 	return ln
 }
 
-func serveHTTP(t *testing.T, ln net.Listener, h http.Handler) {
+func serveHTTP(t testing.TB, ln net.Listener, h http.Handler) {
 	srv := &http.Server{Handler: h}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
@@ -53,7 +52,7 @@ func serveHTTP(t *testing.T, ln net.Listener, h http.Handler) {
 
 // metric returns the value of the named counter or gauge with the given
 // labels in reg (0 if absent).
-func metric(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+func metric(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -85,7 +84,7 @@ func metric(t *testing.T, reg prometheus.Gatherer, name string, labels map[strin
 
 // eventually polls cond until it holds or 30 s pass: the tiers run on the
 // wall clock over real sockets, which synctest cannot host.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -122,20 +121,19 @@ func post(url string, header map[string]string) reply {
 	return reply{status: resp.StatusCode, header: resp.Header, body: string(b), took: time.Since(start)}
 }
 
-// TestOverloadThroughBothTiers runs two Regions, each one cluster with one
-// simulated pod, a Tier-1 per cluster and a Tier-2 in Region home, and
-// overloads home's pod (it hangs, so what it accepted stays queued):
-//
-//   - Tier-1 home admits Standard requests until the pool is saturated,
-//     then queues the next one in its Gate without choosing a pod, and
-//     sends it (200) once the pod recovers;
-//   - a Sheddable request at Tier-1 (GIE's negative priority) is answered
-//     429 with Retry-After in OpenAI's error shape;
-//   - Tier-2 learns home's saturation from Tier-1's digest: a Critical
-//     caller is spilled to Region away and served there, Tier-1 away sees
-//     its band; a Sheddable caller is refused 429 at Tier-2; a claim above
-//     the tenant's maxBand is lowered and counted.
-func TestOverloadThroughBothTiers(t *testing.T) {
+// platform is two Regions, each one cluster of one simulated pod with its
+// Tier-1 (gateway, proxy, health feed), and a Tier-2 in Region home.
+type platform struct {
+	home, away *sim.LivePod
+	t1         map[string]*tier1Cluster
+	in         *tier2.Instance
+	t2reg      *prometheus.Registry
+	t2url      string
+	token      func(tenant, band string) string
+}
+
+func newPlatform(t testing.TB) *platform {
+	t.Helper()
 	ctx := t.Context()
 	quiet := slog.New(slog.DiscardHandler)
 	prof, err := sim.LookupProfile("h100")
@@ -266,49 +264,91 @@ spec: {maxBand: Standard}
 	serveHTTP(t, t2ln, in.Handler())
 	t2url := "http://" + t2ln.Addr().String()
 
-	digest := func(cluster string) (sat float64, fresh int) {
-		for _, d := range in.Fleet.Digests().Digests() {
-			if d.Cluster == cluster {
-				return d.Saturation, d.FreshPods
-			}
-		}
-		return 0, 0
-	}
+	p := &platform{home: homePods[0], away: awayPods[0], t1: t1, in: in, t2reg: t2reg, t2url: t2url, token: token}
 	eventually(t, "Tier-2 has fresh digests of both clusters", func() bool {
-		_, h := digest("c-home")
-		_, a := digest("c-away")
+		_, h := p.digest("c-home")
+		_, a := p.digest("c-away")
 		return h == 1 && a == 1
 	})
-	if r := post(t2url, map[string]string{"Authorization": token("docs", "Standard")}); r.status != http.StatusOK {
+	// One request through both tiers: it also creates Tier-2's gate of m.
+	if r := post(p.t2url, map[string]string{"Authorization": p.token("docs", "Standard")}); r.status != http.StatusOK {
 		t.Fatalf("before overload: %d %s %v", r.status, r.body, r.err)
 	}
+	return p
+}
 
-	// Overload home: its pod stops making progress, so what it accepts
-	// stays queued on it. Standard requests go straight to Tier-1 home.
-	if err := homePods[0].SetFaults(sim.Faults{Hang: true}); err != nil {
+// digest returns Tier-2's view of a cluster's pool.
+func (p *platform) digest(cluster string) (sat float64, fresh int) {
+	for _, d := range p.in.Fleet.Digests().Digests() {
+		if d.Cluster == cluster {
+			return d.Saturation, d.FreshPods
+		}
+	}
+	return 0, 0
+}
+
+// overload makes home's pod hang and sends it eight Standard requests
+// through Tier-1 home: about five reach the pod (saturating it), the rest
+// wait in Tier-1's Gate. It returns once that is so, and Tier-2 has seen
+// home saturated. heal ends the
+// overload and returns the eight replies.
+func (p *platform) overload(t testing.TB) (heal func() []reply) {
+	t.Helper()
+	if err := p.home.SetFaults(sim.Faults{Hang: true}); err != nil {
 		t.Fatal(err)
 	}
-	home := t1["home"]
+	home := p.t1["home"]
 	gate := home.gw.Gate("m")
-	replies := make(chan reply, 16)
-	var wg sync.WaitGroup
-	send := func(n int) {
-		for range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				replies <- post(home.url, map[string]string{"x-meridian-tenant": "docs"})
-			}()
-		}
+	replies := make(chan reply, 8)
+	for range 8 {
+		go func() { replies <- post(home.url, map[string]string{"x-meridian-tenant": "docs"}) }()
 	}
 	// One pod at 5 waiting requests is saturated (1.0); Standard stops at
 	// 0.9, so the Gate lets about five in and queues the rest.
-	send(8)
 	eventually(t, "Tier-1 home queues Standard requests in its Gate while the pod holds the rest", func() bool {
-		m := homePods[0].Metrics()
+		m := p.home.Metrics()
 		return gate.Len() > 0 && gate.Len()+m.Waiting+m.Running == 8
 	})
-	queued, onPod := gate.Len(), homePods[0].Metrics().Waiting
+	eventually(t, "Tier-2's digest of home shows saturation ≥ 1", func() bool {
+		s, _ := p.digest("c-home")
+		return s >= 1
+	})
+	eventually(t, "Tier-2's home gate has observed it", func() bool {
+		return metric(t, p.t2reg, "meridian_priority_pool_saturation", map[string]string{"pool": "m"}) >= 1
+	})
+	return func() []reply {
+		if err := p.home.SetFaults(sim.Faults{}); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]reply, 8)
+		for i := range out {
+			out[i] = <-replies
+		}
+		return out
+	}
+}
+
+// TestOverloadThroughBothTiers runs two Regions, each one cluster with one
+// simulated pod, a Tier-1 per cluster and a Tier-2 in Region home, and
+// overloads home's pod (it hangs, so what it accepted stays queued):
+//
+//   - Tier-1 home admits Standard requests until the pool is saturated,
+//     then queues the next one in its Gate without choosing a pod, and
+//     sends it (200) once the pod recovers;
+//   - a Sheddable request at Tier-1 (GIE's negative priority) is answered
+//     429 with Retry-After in OpenAI's error shape;
+//   - Tier-2 learns home's saturation from Tier-1's digest: a Critical
+//     caller is spilled to Region away and served there, Tier-1 away sees
+//     its band; a Sheddable caller is refused 429 at Tier-2; a claim above
+//     the tenant's maxBand is lowered and counted.
+func TestOverloadThroughBothTiers(t *testing.T) {
+	p := newPlatform(t)
+
+	// Overload home: its pod stops making progress, so what it accepts
+	// stays queued on it. Standard requests go straight to Tier-1 home.
+	heal := p.overload(t)
+	home := p.t1["home"]
+	queued, onPod := home.gw.Gate("m").Len(), p.home.Metrics().Waiting
 	t.Logf("home: %d on the hung pod, %d waiting in Tier-1's Gate (no pod chosen yet)", onPod, queued)
 	if onPod > 5 {
 		t.Errorf("%d requests reached the saturated pod; the Gate should have held all but about 5", onPod)
@@ -330,49 +370,38 @@ spec: {maxBand: Standard}
 		t.Errorf("Tier-1 Sheddable sheds counted %v, want 1", got)
 	}
 
-	// Tier-2 sees home saturated through the digest.
-	eventually(t, "Tier-2's digest of home shows saturation ≥ 1", func() bool {
-		s, _ := digest("c-home")
-		return s >= 1
-	})
-	eventually(t, "Tier-2's home gate has observed it", func() bool {
-		return metric(t, t2reg, "meridian_priority_pool_saturation", map[string]string{"pool": "m"}) >= 1
-	})
-	r = post(t2url, map[string]string{"Authorization": token("payments", "Critical")})
+	// Tier-2 has seen home saturated through the digest (overload waited
+	// for it).
+	r = post(p.t2url, map[string]string{"Authorization": p.token("payments", "Critical")})
 	if r.status != http.StatusOK || r.header.Get("x-meridian-region") != "away" {
 		t.Fatalf("Critical at saturated home: %d region %q %s", r.status, r.header.Get("x-meridian-region"), r.body)
 	}
-	if got := metric(t, t2reg, "meridian_priority_spilled_total", map[string]string{"pool": "m", "band": "Critical"}); got != 1 {
+	if got := metric(t, p.t2reg, "meridian_priority_spilled_total", map[string]string{"pool": "m", "band": "Critical"}); got != 1 {
 		t.Errorf("Tier-2 Critical spills %v, want 1", got)
 	}
-	if got := metric(t, t1["away"].reg, "meridian_priority_decisions_total", map[string]string{"pool": "m", "band": "Critical"}); got != 1 {
+	if got := metric(t, p.t1["away"].reg, "meridian_priority_decisions_total", map[string]string{"pool": "m", "band": "Critical"}); got != 1 {
 		t.Errorf("Tier-1 away admitted %v Critical requests, want 1 (x-meridian-band carries the band)", got)
 	}
-	r = post(t2url, map[string]string{"Authorization": token("batch", "Sheddable")})
+	r = post(p.t2url, map[string]string{"Authorization": p.token("batch", "Sheddable")})
 	if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" {
 		t.Fatalf("Sheddable at saturated home through Tier-2: %d Retry-After %q %s", r.status, r.header.Get("Retry-After"), r.body)
 	}
 	t.Logf("Tier-2 Sheddable 429 in %s: %s", r.took, r.body)
 	// A tenant without a Tenant object may claim at most Standard.
-	r = post(t2url, map[string]string{"Authorization": token("intruder", "Critical")})
+	r = post(p.t2url, map[string]string{"Authorization": p.token("intruder", "Critical")})
 	if r.status != http.StatusOK {
 		t.Fatalf("over-claimed request: %d %s", r.status, r.body)
 	}
-	if got := metric(t, t2reg, "meridian_priority_downgrades_total", map[string]string{"tenant": "unknown", "from": "Critical", "to": "Standard"}); got != 1 {
+	if got := metric(t, p.t2reg, "meridian_priority_downgrades_total", map[string]string{"tenant": "unknown", "from": "Critical", "to": "Standard"}); got != 1 {
 		t.Errorf("Tier-2 downgrades %v, want 1", got)
 	}
-	if got := metric(t, t1["away"].reg, "meridian_priority_decisions_total", map[string]string{"pool": "m", "band": "Critical"}); got != 1 {
+	if got := metric(t, p.t1["away"].reg, "meridian_priority_decisions_total", map[string]string{"pool": "m", "band": "Critical"}); got != 1 {
 		t.Errorf("Tier-1 away admitted %v Critical requests, want still 1: the lowered claim arrives as Standard", got)
 	}
 
 	// Home recovers: the queued Standard requests leave the Gate, get a
 	// pod, and are served.
-	if err := homePods[0].SetFaults(sim.Faults{}); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	close(replies)
-	for r := range replies {
+	for _, r := range heal() {
 		if r.status != http.StatusOK {
 			t.Errorf("Standard request at home: %d %s %v", r.status, r.body, r.err)
 		}

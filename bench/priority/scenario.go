@@ -62,6 +62,9 @@ type Scenario struct {
 	// Scrape is the metrics period (zero: 50 ms).
 	Scrape time.Duration
 	Seed   uint64
+	// OnScrape, when set, sees every scrape: the pods' metrics and the
+	// saturation handed to the Gate.
+	OnScrape func(now time.Duration, pods []sim.Metrics, s priority.Saturation)
 }
 
 // BandResult is what happened to one band's requests that arrived in the
@@ -73,9 +76,15 @@ type BandResult struct {
 	TTFTP50, TTFTP99    time.Duration
 	RejectWallP99       time.Duration // wall-clock time of a rejection decision, P99
 	RejectVirtualMax    time.Duration // arrival to 429 on the virtual clock, max
+	// Samples are the served requests' arrivals and TTFTs, in completion
+	// order.
+	Samples             []Sample
 	ttfts, rejectWall   []time.Duration
 	rejectVirtualMaxRaw time.Duration
 }
+
+// Sample is one served request.
+type Sample struct{ Arrival, TTFT time.Duration }
 
 // Result is one run's outcome.
 type Result struct {
@@ -175,16 +184,24 @@ func Run(s Scenario) (*Result, error) {
 	}
 	scrape := func() {
 		at := epoch.Add(e.Now())
+		ms := make([]sim.Metrics, len(pods))
 		for i, p := range pods {
 			m := p.Metrics()
+			ms[i] = m
 			eps[i].SetMetrics(&tier1.Metrics{Waiting: m.Waiting, Running: m.Running, KVCacheUsage: m.KVCacheUsage,
 				BlockSize: m.BlockSize, GPUBlocks: m.NumGPUBlocks, MaxLoRA: m.MaxLoRA, ScrapedAt: at})
 		}
+		var sat priority.Saturation
 		switch {
 		case gate != nil:
-			gate.Observe(view.Saturation(at, thMer))
+			sat = view.Saturation(at, thMer)
+			gate.Observe(sat)
 		case gie != nil:
-			gie.Observe(view.Saturation(at, thGIE))
+			sat = view.Saturation(at, thGIE)
+			gie.Observe(sat)
+		}
+		if s.OnScrape != nil {
+			s.OnScrape(e.Now(), ms, sat)
 		}
 	}
 	e.At(0, func() { scrape(); e.Every(s.Scrape, scrape) })
@@ -223,6 +240,7 @@ func Run(s Scenario) (*Result, error) {
 			if inWindow(arrival) {
 				br.Served++
 				br.ttfts = append(br.ttfts, o.FirstToken-arrival)
+				br.Samples = append(br.Samples, Sample{arrival, o.FirstToken - arrival})
 			}
 			if inWindow(o.Finish) {
 				res.Served[tn.Name]++
