@@ -70,12 +70,12 @@ type Scenario struct {
 // BandResult is what happened to one band's requests that arrived in the
 // measured window.
 type BandResult struct {
-	Offered, Served     int
-	Shed                map[string]int // by reason
-	ClientTimeouts      int
-	TTFTP50, TTFTP99    time.Duration
-	RejectWallP99       time.Duration // wall-clock time of a rejection decision, P99
-	RejectVirtualMax    time.Duration // arrival to 429 on the virtual clock, max
+	Offered, Served  int
+	Shed             map[string]int // by reason
+	ClientTimeouts   int
+	TTFTP50, TTFTP99 time.Duration
+	RejectWallP99    time.Duration // wall-clock time of a rejection decision, P99
+	RejectVirtualMax time.Duration // arrival to 429 on the virtual clock, max
 	// Samples are the served requests' arrivals and TTFTs, in completion
 	// order.
 	Samples             []Sample
