@@ -134,7 +134,7 @@ func (r *Rollouts) Start(ctx context.Context, o StartOptions) (Status, error) {
 		}
 		ro := &config.Rollout{
 			Stable: rl.Targets[stable].ModelRewrite, Canary: o.To,
-			StepStarted: r.now().UTC().Format(time.RFC3339), Status: rewrite.StatusProgressing,
+			StepStarted: stamp(r.now()), Status: rewrite.StatusProgressing,
 			Analysis: o.Analysis,
 		}
 		if len(o.Steps) > 0 {
@@ -174,7 +174,7 @@ func (r *Rollouts) SetWeight(ctx context.Context, model string, pct int64) (Stat
 		setPair(rl, stable, canary, pct)
 		ro.Steps, ro.Step, ro.Interval = nil, 0, 0
 		ro.Status = rewrite.StatusProgressing
-		ro.StepStarted = r.now().UTC().Format(time.RFC3339)
+		ro.StepStarted = stamp(r.now())
 		ro.Reason = fmt.Sprintf("weight set to %d%% by operator", pct)
 		return nil
 	})
@@ -189,7 +189,7 @@ func (r *Rollouts) Promote(ctx context.Context, model string, full bool) (Status
 		if err != nil {
 			return err
 		}
-		now := r.now().UTC().Format(time.RFC3339)
+		now := stamp(r.now())
 		if !full && len(ro.Steps) > 0 && ro.Step < len(ro.Steps)-1 {
 			ro.Step++
 			ro.Status, ro.StepStarted = rewrite.StatusProgressing, now
@@ -224,7 +224,7 @@ func (r *Rollouts) Abort(ctx context.Context, model string) (Status, error) {
 			return err
 		}
 		ro.Status, ro.Reason = rewrite.StatusAborted, "aborted by operator"
-		ro.StepStarted = r.now().UTC().Format(time.RFC3339)
+		ro.StepStarted = stamp(r.now())
 		return nil
 	})
 }
@@ -466,3 +466,7 @@ func gcd(a, b int64) int64 {
 	}
 	return a
 }
+
+// stamp formats a stepStarted time. Sub-second precision matters for short
+// steps; rewrite.StepStarted parses it as RFC 3339.
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

@@ -139,17 +139,27 @@ func NewCanary(cfg CanaryConfig, r *Router) (*Canary, error) {
 	return c, nil
 }
 
-// Run analyses until ctx ends.
+// pollConfig is how often Run looks for a new configuration, so that a
+// rollout started or changed is measured from the start of its step.
+const pollConfig = 250 * time.Millisecond
+
+// Run analyses until ctx ends: every period, and at once when the
+// configuration changes.
 func (c *Canary) Run(ctx context.Context) {
-	t := time.NewTimer(0)
+	t := time.NewTicker(pollConfig)
 	defer t.Stop()
+	var seen *state
+	var due time.Time
 	for {
+		if st := c.r.snap.Load(); st != seen || !c.cfg.Now().Before(due) {
+			seen = st
+			due = c.cfg.Now().Add(c.round(ctx))
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		t.Reset(c.round(ctx))
 	}
 }
 
@@ -222,6 +232,13 @@ func (c *Canary) round(ctx context.Context) time.Duration {
 			c.latest[name] = live
 			c.log.Error("canary: analysis failed", "rewrite", name, "error", err)
 			continue
+		}
+		if a := dec.Action; a != rewrite.Hold && a != rewrite.Abort && ro.Interval > 0 && now.Sub(tr.since) < min(ro.Interval.D(), c.cfg.Window)/2 {
+			// This instance has not watched the step long enough (it just
+			// started, or saw the change late) to pass or pause it; another
+			// instance that has, or this one later, will.
+			dec = rewrite.Decision{Action: rewrite.Hold, Rollout: *ro, CanaryPercent: dec.CanaryPercent,
+				Reason: "measuring: " + now.Sub(tr.since).Round(time.Millisecond).String() + " of this step seen; " + dec.Reason}
 		}
 		live.Verdict, live.Reason, live.Action, live.Decision = res.Verdict.String(), res.Reason, dec.Action.String(), dec.Reason
 		c.latest[name] = live

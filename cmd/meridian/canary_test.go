@@ -1,0 +1,421 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3/option"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/meridian-router/meridian/canary"
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/config/configtest"
+	"github.com/meridian-router/meridian/rewrite"
+	"github.com/meridian-router/meridian/sim"
+)
+
+// canaryPlatform starts `meridian up --etcd` on free loopback ports: the
+// stable chat-v1 is served only in us-east-1 and the canary chat-v2 only in
+// eu-west-1, so every split crosses Regions and the serving cluster names
+// the target.
+func canaryPlatform(t *testing.T) (*Platform, *configtest.Etcd) {
+	t.Helper()
+	e := configtest.StartEtcd(t)
+	port := map[string]string{}
+	for _, n := range []string{"t2-us", "t1-us", "h-us", "t2-eu", "t1-eu", "h-eu", "us-chat-0", "eu-next-0"} {
+		port[n] = freePort(t)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `apiVersion: meridian.dev/v1alpha1
+kind: Topology
+metadata: {name: t}
+spec:
+  regions:
+  - name: us-east-1
+    tier2: [%q]
+    clusters: [{name: use1, tier1: "http://%s", health: %q}]
+  - name: eu-west-1
+    tier2: [%q]
+    clusters: [{name: euw1, tier1: "http://%s", health: %q}]
+`, port["t2-us"], port["t1-us"], port["h-us"], port["t2-eu"], port["t1-eu"], port["h-eu"])
+	for _, c := range []struct{ name, region, model, pool, pod string }{
+		{"use1", "us-east-1", "chat-v1", "chat", "us-chat-0"}, {"euw1", "eu-west-1", "chat-v2", "chat-next", "eu-next-0"},
+	} {
+		fmt.Fprintf(&b, `---
+apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: %[1]s}
+spec:
+  region: %[2]s
+  cluster: %[1]s
+  auth:
+    jwt:
+      issuer: https://auth.example.com/
+      audiences: [meridian]
+      jwksURL: https://auth.example.com/jwks.json
+  schedulers:
+  - {name: %[4]s, modelName: %[3]s, modelSelector: {matchLabels: {pool: %[4]s}}}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: StaticEndpoints
+metadata: {name: pods-%[1]s}
+spec:
+  cluster: %[1]s
+  endpoints:
+  - {name: %[5]s, address: %[6]q, labels: {pool: %[4]s, gpu: h100}}
+`, c.name, c.region, c.model, c.pool, c.pod, port[c.pod])
+	}
+	b.WriteString(`---
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceModelRewrite
+metadata: {name: chat}
+spec:
+  rules:
+  - matches: [{model: {value: chat}}]
+    targets:
+    - {modelRewrite: chat-v1, weight: 100}
+  stickiness: {key: header, header: x-session-id, salt: chat-rollout}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: team-a}
+spec: {}
+`)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "platform.yaml"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p, err := startUp(ctx, upFlags{dir: dir, etcd: []string{e.Endpoint()}, prefix: config.DefaultPrefix,
+		timeScale: 50, crossDelay: 5 * time.Millisecond, tenant: "team-a"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		cancel()
+		t.Fatalf("start platform: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("platform stopped with: %v", err)
+		}
+	})
+	for _, region := range p.Regions {
+		eventually(t, region+" Tier-2 ready with both Regions' digests", func() bool {
+			c := client(p, region, p.Token)
+			for _, m := range []string{"chat-v1", "chat-v2"} {
+				if _, err := c.Models.Get(context.Background(), m); err != nil {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	return p, e
+}
+
+// runCanary runs `meridian canary ARGS --etcd E` and returns its output.
+func runCanary(t *testing.T, e *configtest.Etcd, args ...string) (string, error) {
+	t.Helper()
+	root := newRootCmd()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(append(append([]string{"canary"}, args...), "--etcd", e.Endpoint()))
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func mustCanary(t *testing.T, e *configtest.Etcd, args ...string) string {
+	t.Helper()
+	out, err := runCanary(t, e, args...)
+	if err != nil {
+		t.Fatalf("meridian canary %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// served asks for the public name chat as session and returns the
+// cluster that answered (use1: chat-v1, euw1: chat-v2).
+func served(p *Platform, region, session string) (string, error) {
+	var resp *http.Response
+	c := client(p, region, p.Token)
+	out, err := c.Chat.Completions.New(context.Background(), ask("chat"),
+		option.WithResponseInto(&resp), option.WithHeader("x-session-id", session))
+	if err != nil {
+		return "", err
+	}
+	if out.Model != "chat" {
+		return "", fmt.Errorf("response model %q, want the public name chat", out.Model)
+	}
+	return resp.Header.Get("x-meridian-cluster"), nil
+}
+
+func rolloutOf(t *testing.T, e *configtest.Etcd) *config.Rollout {
+	t.Helper()
+	resp, err := e.Client.Get(context.Background(), config.KeyOf(config.DefaultPrefix, config.ObjectKey{Kind: config.KindModelRewrite, Name: "chat"}))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("read rewrite: %v", err)
+	}
+	var mr config.ModelRewrite
+	if err := json.Unmarshal(resp.Kvs[0].Value, &mr); err != nil {
+		t.Fatal(err)
+	}
+	return mr.Spec.Rollout
+}
+
+func revision(t *testing.T, e *configtest.Etcd) int64 {
+	t.Helper()
+	resp, err := e.Client.Get(context.Background(), config.DefaultPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+func TestCanaryEndToEnd(t *testing.T) {
+	p, e := canaryPlatform(t)
+
+	t.Run("invalid commands change nothing", func(t *testing.T) {
+		before := revision(t, e)
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"start", "gpt-nine", "--to", "chat-v2"}, "unknown model"},
+			{[]string{"start", "chat", "--to", "chat-v2", "--weight", "150"}, "invalid weight"},
+			{[]string{"start", "chat", "--to", "chat-v9"}, `"chat-v9" is not served`},
+			{[]string{"promote", "chat"}, "no rollout in progress"},
+			{[]string{"abort", "chat"}, "no rollout in progress"},
+			{[]string{"set-weight", "chat", "abc"}, "PERCENT"},
+			{[]string{"undo", "chat"}, "nothing to undo"},
+		} {
+			out, err := runCanary(t, e, c.args...)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("canary %s: err %v (output %q), want %q", strings.Join(c.args, " "), err, out, c.want)
+			}
+		}
+		if after := revision(t, e); after != before {
+			t.Fatalf("etcd revision moved from %d to %d", before, after)
+		}
+	})
+
+	t.Run("split is sticky, consistent across Regions, and answers with the public name", func(t *testing.T) {
+		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--weight", "50")
+		eventually(t, "both Tier-2s route some sessions to the canary", func() bool {
+			for _, region := range p.Regions {
+				hit := false
+				for i := range 20 {
+					if c, err := served(p, region, fmt.Sprint("probe-", i)); err == nil && c == "euw1" {
+						hit = true
+						break
+					}
+				}
+				if !hit {
+					return false
+				}
+			}
+			return true
+		})
+		onCanary := 0
+		const sessions = 100
+		for i := range sessions {
+			s := fmt.Sprint("session-", i)
+			var got []string
+			for _, region := range []string{"us-east-1", "eu-west-1", "us-east-1"} {
+				c, err := served(p, region, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, c)
+			}
+			if got[0] != got[1] || got[1] != got[2] {
+				t.Fatalf("session %s flipped between targets: %v", s, got)
+			}
+			if got[0] == "euw1" {
+				onCanary++
+			}
+		}
+		// rewrite tests the split within 1 point over 10,000 keys; here 100
+		// sessions through real Tier-2s must land near 50%.
+		if onCanary < 35 || onCanary > 65 {
+			t.Fatalf("%d of %d sessions on the canary at 50%%", onCanary, sessions)
+		}
+		mustCanary(t, e, "undo", "chat")
+		eventually(t, "undo sends everything back to stable", func() bool {
+			for i := range 20 {
+				if c, err := served(p, "eu-west-1", fmt.Sprint("session-", i)); err != nil || c != "use1" {
+					return false
+				}
+			}
+			return true
+		})
+	})
+
+	t.Run("a failing canary aborts within its first step and traffic returns to stable", func(t *testing.T) {
+		var bad *sim.LivePod
+		for _, lp := range p.Pods {
+			if strings.HasPrefix(lp.Name(), "eu-next") {
+				bad = lp
+			}
+		}
+		if err := bad.SetFaults(sim.Faults{ErrorRate: 1, SlowFactor: 5}); err != nil {
+			t.Fatal(err)
+		}
+		defer bad.SetFaults(sim.Faults{})
+		from := revision(t, e)
+		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--steps", "50,100", "--interval", "2s", "--min-requests", "5")
+		// Traffic from both Regions until the rollout is Degraded.
+		ctx, stop := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		var n atomic.Int64
+		for _, region := range p.Regions {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					served(p, region, fmt.Sprint("load-", n.Add(1)%40))
+				}
+			}()
+		}
+		eventually(t, "the analysis degrades the rollout", func() bool {
+			ro := rolloutOf(t, e)
+			return ro != nil && ro.Status == rewrite.StatusDegraded
+		})
+		stop()
+		wg.Wait()
+		ro := rolloutOf(t, e)
+		if ro.Step != 0 || !strings.Contains(ro.Reason, "error rate") {
+			t.Fatalf("degraded rollout %+v: want step 1 still, with the error rate as the reason", ro)
+		}
+		// Two Tier-2s analysed and raced; exactly one transition was written.
+		writes := 0
+		resp, err := e.Client.Get(context.Background(), config.KeyOf(config.DefaultPrefix, config.ObjectKey{Kind: config.KindModelRewrite, Name: "chat"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(context.Background())
+		for wr := range e.Client.Watch(wctx, config.DefaultPrefix+config.KindModelRewrite+"/chat", clientv3.WithRev(from+1)) {
+			writes += len(wr.Events)
+			for _, ev := range wr.Events {
+				t.Logf("write at %d: %s", ev.Kv.ModRevision, ev.Kv.Value)
+			}
+			if wr.Header.Revision >= resp.Kvs[0].ModRevision || (len(wr.Events) > 0 && wr.Events[len(wr.Events)-1].Kv.ModRevision >= resp.Kvs[0].ModRevision) {
+				break
+			}
+		}
+		cancel()
+		if writes != 2 { // the operator's start, then one abort
+			t.Fatalf("%d writes to the rewrite since start, want 2 (start, one abort)", writes)
+		}
+		eventually(t, "traffic back on stable", func() bool {
+			for i := range 20 {
+				if c, err := served(p, "eu-west-1", fmt.Sprint("load-", i)); err != nil || c != "use1" {
+					return false
+				}
+			}
+			return true
+		})
+		// The transition is visible as a metric on every Tier-2 and in
+		// `status --tier2`.
+		for _, m := range p.Metrics {
+			if m.Labels["job"] != "meridian-tier2" {
+				continue
+			}
+			eventually(t, "meridian_canary_state Degraded on "+m.Labels["region"], func() bool {
+				resp, err := http.Get("http://" + m.Addr + "/metrics")
+				if err != nil {
+					return false
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return bytes.Contains(b, []byte(`meridian_canary_state{rewrite="chat",state="Degraded"} 1`)) &&
+					bytes.Contains(b, []byte(`meridian_canary_transitions_total{rewrite="chat",to="Degraded"} 1`))
+			})
+		}
+		out := mustCanary(t, e, "status", "chat", "--json", "--tier2", strings.Join([]string{p.Endpoints["us-east-1"], p.Endpoints["eu-west-1"]}, ","))
+		var sts []canary.Status
+		if err := json.Unmarshal([]byte(out), &sts); err != nil {
+			t.Fatalf("status --json: %v\n%s", err, out)
+		}
+		if len(sts) != 1 || sts[0].State != rewrite.StatusDegraded || len(sts[0].Live) != 2 || sts[0].Live[0].Verdict != "Fail" {
+			t.Fatalf("status: %s", out)
+		}
+		if w := sts[0].Weights; len(w) != 2 || w[1].Target != "chat-v2" || w[1].Percent != 0 {
+			t.Fatalf("weights after the abort: %+v", w)
+		}
+		mustCanary(t, e, "undo", "chat")
+	})
+
+	t.Run("promote step by step, in full, then undo", func(t *testing.T) {
+		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--steps", "10,50,100", "--interval", "1h")
+		if out := mustCanary(t, e, "promote", "chat"); !strings.Contains(out, "2 of 3") {
+			t.Fatalf("after promote:\n%s", out)
+		}
+		mustCanary(t, e, "promote", "chat", "--full")
+		eventually(t, "every session on the canary", func() bool {
+			for i := range 20 {
+				if c, err := served(p, "us-east-1", fmt.Sprint("s-", i)); err != nil || c != "euw1" {
+					return false
+				}
+			}
+			return true
+		})
+		if out := mustCanary(t, e, "list"); !strings.Contains(out, "Healthy") {
+			t.Fatalf("list after full promotion:\n%s", out)
+		}
+		mustCanary(t, e, "undo", "chat")
+		eventually(t, "undo returns every session to stable", func() bool {
+			for i := range 20 {
+				if c, err := served(p, "us-east-1", fmt.Sprint("s-", i)); err != nil || c != "use1" {
+					return false
+				}
+			}
+			return true
+		})
+	})
+
+	t.Run("racing operators: one wins, one gets a conflict", func(t *testing.T) {
+		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--weight", "5")
+		defer mustCanary(t, e, "undo", "chat")
+		var wins, conflicts atomic.Int64
+		var wg sync.WaitGroup
+		for i := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := runCanary(t, e, "set-weight", "chat", fmt.Sprint(10+i))
+				switch {
+				case err == nil:
+					wins.Add(1)
+				case errors.Is(err, config.ErrConflict):
+					conflicts.Add(1)
+				default:
+					t.Errorf("set-weight: %v", err)
+				}
+			}()
+		}
+		wg.Wait()
+		// Every command either wrote or was refused as a conflict; none
+		// overwrote another silently: the stored weight is the winner's.
+		if wins.Load() == 0 || wins.Load()+conflicts.Load() != 8 {
+			t.Fatalf("%d wins, %d conflicts of 8", wins.Load(), conflicts.Load())
+		}
+		if ro := rolloutOf(t, e); !strings.HasPrefix(ro.Reason, "weight set to 1") {
+			t.Fatalf("rollout after the race: %+v", ro)
+		}
+	})
+}
