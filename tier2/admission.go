@@ -77,10 +77,20 @@ func (a *Admission) gate(model string) *priority.Gate {
 
 // Admit admits r for model. spill reports that the local pools are
 // saturated and another Region has headroom: the caller should prefer it.
+//
+// A Critical request is never queued or refused here while some eligible
+// cluster has headroom: when the home Region's pools are saturated taken
+// together but one of its clusters is not, it is admitted at once and
+// cluster choice (which ranks by load) sends it there.
 func (a *Admission) Admit(ctx context.Context, model string, r priority.Request) (t *priority.Ticket, spill bool, err error) {
 	g := a.gate(model)
-	if r.Band != priority.Sheddable && a.saturation(model, a.Region, true).Saturated() && a.otherRegionHasHeadroom(model) {
-		r.MaySpill = true
+	if r.Band != priority.Sheddable && a.saturation(model, a.Region, true).Saturated() {
+		switch {
+		case a.otherRegionHasHeadroom(model):
+			r.MaySpill = true
+		case r.Band == priority.Critical && a.localClusterHasHeadroom(model):
+			return &priority.Ticket{Band: r.Band}, false, nil
+		}
 	}
 	t, err = g.Admit(ctx, r)
 	if errors.Is(err, priority.ErrSpill) {
@@ -152,6 +162,22 @@ func (a *Admission) observeLocked(model string, g *priority.Gate) {
 func (a *Admission) otherRegionHasHeadroom(model string) bool {
 	s := a.saturation(model, a.Region, false)
 	return s.Known() && !s.Saturated()
+}
+
+// localClusterHasHeadroom reports whether one of this Region's clusters
+// serving model is, on its own, not saturated.
+func (a *Admission) localClusterHasHeadroom(model string) bool {
+	th := a.thresholds()
+	now := time.Now()
+	for _, d := range a.Fleet.Digests().Digests() {
+		if d.Region != a.Region || !servesModel(d, model) {
+			continue
+		}
+		if s := th.Digest(digestSaturation(d, th), now.Sub(d.Produced)); s.Known() && !s.Saturated() {
+			return true
+		}
+	}
+	return false
 }
 
 func servesModel(d regions.Digest, model string) bool {

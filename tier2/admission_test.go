@@ -1,0 +1,197 @@
+package tier2
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/priority"
+	"github.com/meridian-router/meridian/regions"
+)
+
+// pool is one cluster's digest of model m: its saturation as Tier-1
+// shipped it over fresh pods, produced age ago.
+type pool struct {
+	region, cluster string
+	sat             float64
+	fresh           int
+	age             time.Duration
+}
+
+func admissionOver(t *testing.T, pools ...pool) (*Admission, *prometheus.Registry) {
+	t.Helper()
+	var clusters []regions.Cluster
+	for _, p := range pools {
+		clusters = append(clusters, regions.Cluster{Region: p.region, Name: p.cluster, Tier1: "http://" + p.cluster})
+	}
+	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "home", Clusters: clusters})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range pools {
+		d := regions.Digest{Region: p.region, Cluster: p.cluster, Pool: "m", Model: "m", ReadyPods: p.fresh, TotalPods: p.fresh,
+			Saturation: p.sat, FreshPods: p.fresh, Version: uint64(i + 1), Produced: time.Now().Add(-p.age)}
+		if _, err := fleet.Digests().Put(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	pm, err := priority.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Admission{Region: "home", Fleet: fleet, Metrics: pm}, reg
+}
+
+// outcome admits one request and reports what happened: "admitted",
+// "spill", "waits" (still queued when the bubble is idle), or the reason
+// of a rejection.
+func outcome(t *testing.T, a *Admission, band priority.Band) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := make(chan string, 1)
+	go func() {
+		tk, spill, err := a.Admit(ctx, "m", priority.Request{Tenant: "t", Band: band})
+		var rej *priority.Rejection
+		switch {
+		case errors.As(err, &rej):
+			res <- rej.Reason.String()
+		case errors.Is(err, context.Canceled):
+			res <- "waits"
+		case err != nil:
+			res <- err.Error()
+		case spill:
+			res <- "spill"
+		default:
+			tk.Done()
+			res <- "admitted"
+		}
+	}()
+	synctest.Wait()
+	cancel()
+	return <-res
+}
+
+func TestAdmission(t *testing.T) {
+	type want struct{ critical, standard, sheddable string }
+	cases := []struct {
+		name  string
+		pools []pool
+		want  want
+	}{
+		{"home has headroom", []pool{{"home", "h1", 0.5, 4, 0}, {"away", "a1", 0.1, 4, 0}},
+			want{"admitted", "admitted", "admitted"}},
+		{"home saturated, away has headroom: spill", []pool{{"home", "h1", 1.2, 4, 0}, {"away", "a1", 0.3, 4, 0}},
+			want{"spill", "spill", "saturated"}},
+		{"home saturated as a whole, one home cluster has headroom: Critical goes", []pool{{"home", "h1", 2.0, 4, 0}, {"home", "h2", 0.4, 4, 0}, {"away", "a1", 1.5, 4, 0}},
+			want{"admitted", "waits", "saturated"}},
+		{"everything saturated: Critical and Standard wait", []pool{{"home", "h1", 1.1, 4, 0}, {"away", "a1", 1.5, 4, 0}},
+			want{"waits", "waits", "saturated"}},
+		{"home between the reserve and 1: only Critical", []pool{{"home", "h1", 0.95, 4, 0}, {"away", "a1", 1.5, 4, 0}},
+			want{"admitted", "waits", "saturated"}},
+		{"stale home digest: blind", []pool{{"home", "h1", 0.1, 4, 3 * time.Second}, {"away", "a1", 1.5, 4, 0}},
+			want{"admitted", "admitted", "no_metrics"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				a, _ := admissionOver(t, tc.pools...)
+				got := want{outcome(t, a, priority.Critical), outcome(t, a, priority.Standard), outcome(t, a, priority.Sheddable)}
+				if got != tc.want {
+					t.Errorf("Critical, Standard, Sheddable: %+v; want %+v", got, tc.want)
+				}
+			})
+		})
+	}
+}
+
+// A digest from a Tier-1 that does not ship saturation is approximated
+// from its mean queue per ready pod.
+func TestAdmissionWithoutShippedSaturation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _ := admissionOver(t)
+		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 2, TotalPods: 2, QueueTotal: 12,
+			Version: 1, Produced: time.Now()}
+		if _, err := a.Fleet.Digests().Put(d); err != nil {
+			t.Fatal(err)
+		}
+		if s := a.saturation("m", "home", true); !s.Saturated() || s.Value != 1.2 {
+			t.Fatalf("saturation %+v; want 12 / 2 pods / 5 = 1.2", s)
+		}
+		if got := outcome(t, a, priority.Sheddable); got != "saturated" {
+			t.Errorf("Sheddable: %s", got)
+		}
+	})
+}
+
+// An unchanged digest is not observed again: the Gate keeps counting what
+// it admitted since that digest was produced.
+func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// One pod: five requests fill it; Standard stops at 4.5.
+		a, _ := admissionOver(t, pool{"home", "h1", 0, 1, 0})
+		ctx := context.Background()
+		for range 5 {
+			if _, _, err := a.Admit(ctx, "m", priority.Request{Tenant: "t", Band: priority.Standard}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a.mu.Lock()
+		for m, g := range a.gates {
+			a.observeLocked(m, g) // what Run does every 200 ms
+		}
+		a.mu.Unlock()
+		if got := outcome(t, a, priority.Standard); got != "waits" {
+			t.Fatalf("sixth Standard request after re-observing the same digest: %s; want waits", got)
+		}
+		// A newer digest replaces the Gate's count.
+		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 1, TotalPods: 1,
+			Saturation: 0.2, FreshPods: 1, Version: 2, Produced: time.Now()}
+		if _, err := a.Fleet.Digests().Put(d); err != nil {
+			t.Fatal(err)
+		}
+		a.mu.Lock()
+		a.observeLocked("m", a.gates["m"])
+		a.mu.Unlock()
+		if got := outcome(t, a, priority.Standard); got != "admitted" {
+			t.Fatalf("after a fresh digest: %s; want admitted", got)
+		}
+	})
+}
+
+func TestAdmissionBandCountsDowngrades(t *testing.T) {
+	a, reg := admissionOver(t)
+	snap := &config.Snapshot{Tenants: map[string]*config.Tenant{"payments": {Spec: config.TenantSpec{MaxBand: config.BandCritical}}}}
+	if b := a.Band(snap, "payments", priority.Critical); b != priority.Critical {
+		t.Errorf("payments: %s", b)
+	}
+	if b := a.Band(snap, "intruder", priority.Critical); b != priority.Standard {
+		t.Errorf("intruder: %s", b)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == "meridian_priority_downgrades_total" {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("downgrades counted %v, want 1", n)
+	}
+	// A reload that raises the tenant's maxBand applies at once.
+	next := &config.Snapshot{Tenants: map[string]*config.Tenant{"intruder": {Spec: config.TenantSpec{MaxBand: config.BandCritical}}}}
+	if b := a.Band(next, "intruder", priority.Critical); b != priority.Critical {
+		t.Errorf("intruder after reload: %s", b)
+	}
+}
