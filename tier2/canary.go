@@ -70,8 +70,10 @@ type CanaryConfig struct {
 //   - the error rate and P99 TTFT of every pool serving the target (in the
 //     target's clusters) from the gossiped pool-health digests, which carry
 //     what every Tier-1 saw. A side's error count is the larger of its local
-//     count and digest rate × local requests, its P99 the larger of the
-//     two, so a canary failing for other Regions' callers is caught here.
+//     count and the worst pool's rate × local requests, so a canary failing
+//     for other Regions' callers is caught here; its P99 is the worst pool's
+//     when any digest has one (finer than Tier-2's TTFT buckets, and over
+//     all callers), else the local histogram's.
 type Canary struct {
 	cfg    CanaryConfig
 	r      *Router
@@ -351,12 +353,18 @@ func (c *Canary) stats(target string, clusters []string, now, base counts) rewri
 		s.TTFTP99 = quantile(0.99, delta, n)
 	}
 	var errRate float64
+	var shared time.Duration
 	for _, d := range c.r.cfg.Fleet.Digests().Digests() {
 		if d.Model != target || (len(clusters) > 0 && !contains(clusters, d.Cluster)) {
 			continue
 		}
 		errRate = max(errRate, d.ErrorRate)
-		s.TTFTP99 = max(s.TTFTP99, d.TTFTP99)
+		shared = max(shared, d.TTFTP99)
+	}
+	if shared > 0 {
+		// Tier-1 measures every request of the pool, whoever sent it, and
+		// more finely than Tier-2's coarse TTFT buckets.
+		s.TTFTP99 = shared
 	}
 	if e := int64(math.Round(errRate * float64(s.Requests))); e > s.Errors {
 		s.Errors = e
