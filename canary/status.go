@@ -208,18 +208,24 @@ func WriteTable(w io.Writer, sts []Status) error {
 		if len(st.Live) > 0 {
 			fmt.Fprintf(tw, "Analysis:\tTIER-2\tSIDE\tREQUESTS\tERRORS\t429s\tP99 TTFT\n")
 			for _, l := range st.Live {
-				who := l.Instance + " (" + l.Region + ")"
 				if l.Error != "" {
-					fmt.Fprintf(tw, "\t%s\terror: %s\n", who, l.Error)
 					continue
 				}
 				for _, s := range []struct {
 					name string
 					Side
 				}{{"canary", l.Canary}, {"stable", l.Stable}} {
-					fmt.Fprintf(tw, "\t%s\t%s %s\t%d\t%d\t%d\t%.0fms\n", who, s.name, s.Target, s.Requests, s.Errors, s.Throttled, s.TTFTP99Ms)
+					fmt.Fprintf(tw, "\t%s (%s)\t%s %s\t%d\t%d\t%d\t%.0fms\n", l.Instance, l.Region, s.name, s.Target, s.Requests, s.Errors, s.Throttled, s.TTFTP99Ms)
 				}
-				fmt.Fprintf(tw, "\t%s\t%s: %s; %s\n", who, l.Verdict, l.Reason, l.Decision)
+			}
+			// Verdicts after the table: their long lines would end its
+			// column block.
+			for _, l := range st.Live {
+				if l.Error != "" {
+					fmt.Fprintf(tw, "  %s: error: %s\n", l.Instance, l.Error)
+					continue
+				}
+				fmt.Fprintf(tw, "  %s at %s: %s (%s) → %s: %s\n", l.Instance, l.At, l.Verdict, l.Reason, l.Action, l.Decision)
 			}
 		}
 	}
