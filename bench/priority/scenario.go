@@ -57,8 +57,10 @@ type Scenario struct {
 	// ClientTimeout: a client gives up after this long without its
 	// response (cancelling the request wherever it is).
 	ClientTimeout time.Duration
-	// Thresholds for Meridian's Gate (zero: priority's defaults).
+	// Thresholds and Gate configure Meridian's Gate (zero: priority's
+	// defaults).
 	Thresholds priority.Thresholds
+	Gate       priority.Config
 	// Scrape is the metrics period (zero: 50 ms).
 	Scrape time.Duration
 	Seed   uint64
@@ -176,6 +178,7 @@ func Run(s Scenario) (*Result, error) {
 	switch s.Policy {
 	case Meridian:
 		gate = &priority.Gate{Pool: "bench", Clock: engineClock{e}}
+		gate.SetConfig(s.Gate)
 	case GIE:
 		gie = &priority.GIEGate{Pool: "bench"}
 	case None:
