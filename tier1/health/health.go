@@ -319,8 +319,9 @@ func (p *Publisher) podPrefixLocked(v gateway.PoolView, now time.Time) float64 {
 // has in flight to it beyond what the scrape showed (waiting + running),
 // so a burst sent since the last scrape counts.
 //
-// Saturation is priority.Thresholds.Pool over the ready pods: the mean of
-// max(queue/Queue, kv/KVCache). Headroom is the pool's spare capacity as a
+// Saturation is the gateway's (PoolView.Saturation, what Tier-1's
+// admission uses): the mean over the ready pods with fresh metrics of
+// max(queue/Queue, kv/KVCache), with the same queue. Headroom is the pool's spare capacity as a
 // fraction of all its pods:
 //
 //	headroom = Σ over ready pods of (1 − min(1, max(queue/Queue, kv/KVCache))) / total pods
@@ -333,7 +334,6 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 	pd := &tier1v1.PoolDigest{Pool: v.Name, Model: v.Model, Adapters: v.Adapters, ProducedUnixNano: now.UnixNano()}
 	eps := v.Pool.Endpoints()
 	pd.TotalPods = uint32(len(eps))
-	var loads []priority.PodLoad
 	var kvSum, spare float64
 	hot := map[string]int{}
 	first := true
@@ -346,8 +346,7 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 		}
 		age := now.Sub(m.ScrapedAt)
 		if age > th.StaleAfter {
-			pd.StalePods++
-			continue
+			continue // counted in StalePods by Saturation
 		}
 		pd.ReadyPods++
 		queue := m.Waiting + int(max(0, inFlight-int64(m.Waiting+m.Running)))
@@ -363,9 +362,7 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 		kvSum += kv
 		pd.KvMax = max(pd.KvMax, kv)
 		pd.Running += uint32(m.Running)
-		load := priority.PodLoad{Queue: float64(queue), KVCache: kv, Age: age}
-		loads = append(loads, load)
-		spare += 1 - min(1, max(load.Queue/th.Queue, load.KVCache/th.KVCache))
+		spare += 1 - min(1, max(float64(queue)/th.Queue, kv/th.KVCache))
 		for _, a := range m.RunningAdapters {
 			hot[a] += 2 // running weighs more than waiting: it holds a slot
 		}
@@ -379,9 +376,10 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 	if pd.TotalPods > 0 {
 		pd.Headroom = clamp01(spare / float64(pd.TotalPods))
 	}
-	sat := th.Pool(loads)
+	sat := v.Saturation(now, th)
 	pd.Saturation = sat.Value
 	pd.FreshPods = uint32(sat.Fresh)
+	pd.StalePods = uint32(sat.Stale)
 	p50, p99, errRate := v.TTFT(now, cfg.Window)
 	pd.TtftP50Seconds, pd.TtftP99Seconds = p50.Seconds(), p99.Seconds()
 	pd.ErrorRate = clamp01(errRate)
