@@ -12,14 +12,14 @@ import (
 // tenants fair and Critical unharmed at 3× overload where the GIE
 // baseline does neither. Deterministic (virtual time, fixed seed).
 func TestScenario(t *testing.T) {
-	capacity, err := Calibrate(4, "a10g", 1)
+	capacity, err := Calibrate(8, "a10g", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if capacity <= 0 {
 		t.Fatalf("capacity %v", capacity)
 	}
-	c, err := Compare(Scenario{Pods: 4, Profile: "a10g", Capacity: capacity, Warmup: 10 * time.Second, Measure: 60 * time.Second,
+	c, err := Compare(Scenario{Pods: 8, Profile: "a10g", Capacity: capacity, Warmup: 20 * time.Second, Measure: 60 * time.Second,
 		ClientTimeout: 30 * time.Second, Seed: 1}, 0.5, 3)
 	if err != nil {
 		t.Fatal(err)
