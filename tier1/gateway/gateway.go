@@ -4,9 +4,12 @@
 // the standalone proxy and the ext_proc picker both carry out.
 //
 // It decides which scheduler serves a request (body-based routing: an
-// adapter maps to its base model) and asks that scheduler for a primary
-// endpoint and fallbacks. It does not move bytes: forwarding belongs to
-// the proxy, and Envoy does it in ext_proc mode.
+// adapter maps to its base model), whether the request may go to that
+// pool now, must wait, or is turned away (admission by priority band, one
+// priority.Gate per pool fed from the pods' live metrics; see Route), and
+// asks the scheduler for a primary endpoint and fallbacks once it may go.
+// It does not move bytes: forwarding belongs to the proxy, and Envoy does
+// it in ext_proc mode.
 package gateway
 
 import (
