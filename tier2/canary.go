@@ -92,6 +92,9 @@ type tracked struct {
 	seen    config.Rollout // as last observed in the configuration
 	since   time.Time      // when seen was first observed
 	samples []sample       // cumulative counters, oldest first
+	// unwritten is the last decision a read-only analysis could not
+	// write (Hold: none), so it is logged once per state.
+	unwritten rewrite.Action
 }
 
 type sample struct {
@@ -258,6 +261,16 @@ func (c *Canary) round(ctx context.Context) time.Duration {
 // write records a decision, or logs it when there is no store.
 func (c *Canary) write(ctx context.Context, name string, prev config.Rollout, d rewrite.Decision) {
 	if c.cfg.Store == nil {
+		c.mu.Lock()
+		tr := c.tracked[name]
+		repeat := tr != nil && tr.unwritten == d.Action
+		if tr != nil {
+			tr.unwritten = d.Action
+		}
+		c.mu.Unlock()
+		if repeat {
+			return // said once for this state
+		}
 		c.log.Warn("canary: analysis decided a transition but the configuration source is read-only; not written",
 			"rewrite", name, "action", d.Action.String(), "reason", d.Reason)
 		return
