@@ -318,7 +318,7 @@ func (c *Canary) observe(name string, mr *config.ModelRewrite, rule int, now tim
 		tr = &tracked{}
 		c.tracked[name] = tr
 	}
-	tr.seen, tr.since, tr.samples = ro, now, nil
+	tr.seen, tr.since, tr.samples, tr.unwritten = ro, now, nil, rewrite.Hold
 	for _, s := range []string{rewrite.StatusProgressing, rewrite.StatusPaused, rewrite.StatusHealthy, rewrite.StatusDegraded, rewrite.StatusAborted} {
 		v := 0.0
 		if s == status {
