@@ -419,3 +419,74 @@ func TestCanaryEndToEnd(t *testing.T) {
 		}
 	})
 }
+
+// cancelOnWrite cancels a context once n writes have been seen, so a
+// --watch loop can be stopped after a known number of refreshes.
+type cancelOnWrite struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	n      int
+	cancel context.CancelFunc
+}
+
+func (w *cancelOnWrite) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if bytes.Contains(p, []byte(`"rewrite"`)) {
+		if w.n--; w.n == 0 {
+			w.cancel()
+		}
+	}
+	return len(p), nil
+}
+
+func TestCanaryStatusWatchOnDirectory(t *testing.T) {
+	dir := t.TempDir()
+	cfg := `apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: gw}
+spec:
+  schedulers:
+  - {name: a, modelName: chat-v1, modelSelector: {matchLabels: {pool: a}}}
+  - {name: b, modelName: chat-v2, modelSelector: {matchLabels: {pool: b}}}
+  bbr: {enabled: true}
+---
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceModelRewrite
+metadata: {name: chat}
+spec:
+  rules:
+  - matches: [{model: {value: chat}}]
+    targets: [{modelRewrite: chat-v1, weight: 1}]
+`
+	if err := os.WriteFile(filepath.Join(dir, "c.yaml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(ctx context.Context, out io.Writer, args ...string) error {
+		root := newRootCmd()
+		root.SetOut(out)
+		root.SetErr(out)
+		root.SetArgs(append(append([]string{"canary"}, args...), "--config", dir))
+		return root.ExecuteContext(ctx)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), &out, "start", "chat", "--to", "chat-v2", "--weight", "20"); err != nil {
+		t.Fatalf("start: %v\n%s", err, &out)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &cancelOnWrite{n: 3, cancel: cancel}
+	if err := run(ctx, w, "status", "chat", "--watch", "--json", "--every", "10ms"); err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(&w.buf)
+	for i := range 3 {
+		var sts []canary.Status
+		if err := dec.Decode(&sts); err != nil {
+			t.Fatalf("refresh %d: %v", i, err)
+		}
+		if len(sts) != 1 || sts[0].State != rewrite.StatusProgressing || sts[0].Weights[1].Percent != 20 {
+			t.Fatalf("refresh %d: %+v", i, sts)
+		}
+	}
+}
