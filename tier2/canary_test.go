@@ -3,6 +3,7 @@ package tier2
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
@@ -309,4 +310,46 @@ func value(m prometheus.Metric) float64 {
 		return d.GetGauge().GetValue()
 	}
 	return d.GetCounter().GetValue()
+}
+
+// BenchmarkCanaryRound is one analysis round: read the request counters
+// and TTFT histograms (here 40 public names × 2 targets × 3 codes), the
+// digests, analyse and evaluate one rollout. It runs every few seconds, off
+// the request path.
+func BenchmarkCanaryRound(b *testing.B) {
+	docs, errs := config.Decode("canary.yaml", []byte(canaryConfig))
+	if len(errs) > 0 {
+		b.Fatal(errs)
+	}
+	snap, err := config.Build(docs, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := NewRouter(Config{Region: "r1", Fleet: fleet, InsecureNoAuth: true, Logger: slog.New(slog.DiscardHandler)}, snap)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := canaryT0
+	c, err := NewCanary(CanaryConfig{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return now }}, r)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 40 {
+		for _, tg := range []string{"chat-v1", "chat-v2"} {
+			for _, code := range []string{"200", "429", "503"} {
+				r.m.requests.WithLabelValues(fmt.Sprint("m", i), tg, "r1", "c1", code).Add(10)
+			}
+			r.m.ttft.WithLabelValues(fmt.Sprint("m", i), tg).Observe(0.1)
+		}
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(100 * time.Millisecond)
+		c.round(ctx)
+	}
 }
