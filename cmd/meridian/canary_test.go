@@ -388,6 +388,60 @@ func TestCanaryEndToEnd(t *testing.T) {
 		})
 	})
 
+	t.Run("weight changes under load fail no request", func(t *testing.T) {
+		ctx, stop := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		var ok, failed atomic.Int64
+		var firstErr atomic.Value
+		var seq atomic.Int64
+		for _, region := range p.Regions {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					if _, err := served(p, region, fmt.Sprint("live-", seq.Add(1)%50)); err != nil {
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, err.Error())
+					} else {
+						ok.Add(1)
+					}
+				}
+			}()
+		}
+		// Each change must be in force at both Tier-2s before the next.
+		// onCanary: both Tier-2s send between lo and hi of the 50 sessions
+		// to the canary.
+		onCanary := func(lo, hi int) func() bool {
+			return func() bool {
+				for _, region := range p.Regions {
+					n := 0
+					for i := range 50 {
+						if c, err := served(p, region, fmt.Sprint("live-", i)); err == nil && c == "euw1" {
+							n++
+						}
+					}
+					if n < lo || n > hi {
+						return false
+					}
+				}
+				return true
+			}
+		}
+		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--weight", "30")
+		eventually(t, "30% in force", onCanary(5, 25))
+		mustCanary(t, e, "set-weight", "chat", "70")
+		eventually(t, "70% in force", onCanary(26, 45))
+		mustCanary(t, e, "promote", "chat", "--full")
+		eventually(t, "full promotion in force", onCanary(50, 50))
+		mustCanary(t, e, "undo", "chat")
+		eventually(t, "undo in force", onCanary(0, 0))
+		stop()
+		wg.Wait()
+		if failed.Load() > 0 || ok.Load() == 0 {
+			t.Fatalf("%d requests failed across the changes (%d succeeded); first: %v", failed.Load(), ok.Load(), firstErr.Load())
+		}
+	})
+
 	t.Run("racing operators: one wins, one gets a conflict", func(t *testing.T) {
 		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--weight", "5")
 		defer mustCanary(t, e, "undo", "chat")
