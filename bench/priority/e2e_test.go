@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/priority"
+	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/health"
@@ -268,7 +270,7 @@ spec: {maxBand: Standard}
 	eventually(t, "Tier-2 has fresh digests of both clusters", func() bool {
 		_, h := p.digest("c-home")
 		_, a := p.digest("c-away")
-		return h == 1 && a == 1
+		return h == 1 && a == 1 && len(in.Fleet.Select(nil, regions.Request{Model: "m"})) == 2
 	})
 	// One request through both tiers: it also creates Tier-2's gate of m.
 	if r := post(p.t2url, map[string]string{"Authorization": p.token("docs", "Standard")}); r.status != http.StatusOK {
@@ -305,8 +307,16 @@ func (p *platform) overload(t testing.TB) (heal func() []reply) {
 	}
 	// One pod at 5 waiting requests is saturated (1.0); Standard stops at
 	// 0.9, so the Gate lets about five in and queues the rest.
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("last seen: %s", last)
+		}
+	}()
 	eventually(t, "Tier-1 home queues Standard requests in its Gate while the pod holds the rest", func() bool {
 		m := p.home.Metrics()
+		last = fmt.Sprintf("gate %d, pod waiting %d running %d, saturation %+v", gate.Len(), m.Waiting, m.Running,
+			home.gw.Pools()[0].Saturation(time.Now(), priority.Thresholds{}))
 		return gate.Len() > 0 && gate.Len()+m.Waiting+m.Running == 8
 	})
 	eventually(t, "Tier-2's digest of home shows saturation ≥ 1", func() bool {
@@ -350,7 +360,10 @@ func TestOverloadThroughBothTiers(t *testing.T) {
 	home := p.t1["home"]
 	queued, onPod := home.gw.Gate("m").Len(), p.home.Metrics().Waiting
 	t.Logf("home: %d on the hung pod, %d waiting in Tier-1's Gate (no pod chosen yet)", onPod, queued)
-	if onPod > 5 {
+	// Five fill the pod; a sixth may get in when a request that finished
+	// since the last observation (the one before the overload) hands its
+	// slot back before the next observation shows the queue.
+	if onPod > 6 {
 		t.Errorf("%d requests reached the saturated pod; the Gate should have held all but about 5", onPod)
 	}
 

@@ -96,12 +96,28 @@ func (g *Gateway) Route(ctx context.Context, body *request.Body, meta Meta) (*De
 		return nil, err
 	}
 	d.ticket = tk
+	if tk != nil {
+		// Admitted but on no endpoint's in-flight count until Dispatch:
+		// counted apart so that an observation in between sees it.
+		r.state.pending.Add(1)
+		d.pending.Store(true)
+	}
 	return d, nil
 }
 
 // Release ends the decision's hold on its pool's admission capacity. It is
 // idempotent, and a no-op for a decision made without admission (Decide).
-func (d *Decision) Release() { d.ticket.Done() }
+func (d *Decision) Release() {
+	d.dispatched()
+	d.ticket.Done()
+}
+
+// dispatched ends the decision's count as admitted and not yet sent.
+func (d *Decision) dispatched() {
+	if d.pending.CompareAndSwap(true, false) {
+		d.state.pending.Add(-1)
+	}
+}
 
 func (g *Gateway) admissionError(pool, model string, err error) error {
 	var rej *priority.Rejection
@@ -158,7 +174,9 @@ func (g *Gateway) ObservePools() {
 // its scraped waiting requests plus the requests in flight to it beyond
 // what the scrape showed (so a burst sent since the last scrape counts),
 // and its KV-cache use; endpoints whose metrics are older than
-// th.StaleAfter are left out. The health feed ships the same value.
+// th.StaleAfter are left out. Requests admitted and not yet sent to a pod
+// count as waiting requests spread over the pool. The health feed ships
+// the same value.
 func (v PoolView) Saturation(now time.Time, th priority.Thresholds) priority.Saturation {
 	eps := v.Pool.Endpoints()
 	loads := make([]priority.PodLoad, 0, len(eps))
@@ -170,7 +188,11 @@ func (v PoolView) Saturation(now time.Time, th priority.Thresholds) priority.Sat
 		queue := m.Waiting + int(max(0, ep.InFlight()-int64(m.Waiting+m.Running)))
 		loads = append(loads, priority.PodLoad{Queue: float64(queue), KVCache: min(1, max(0, m.KVCacheUsage)), Age: now.Sub(m.ScrapedAt)})
 	}
-	return th.Pool(loads)
+	s := th.Pool(loads)
+	if v.state != nil && s.Known() {
+		s.Value += float64(max(0, v.state.pending.Load())) * s.PerRequest
+	}
+	return s
 }
 
 // Gate returns the pool's admission Gate (nil for an unknown pool), for

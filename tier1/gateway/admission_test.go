@@ -368,3 +368,38 @@ spec:
 	}
 	return s
 }
+
+// A request admitted but not yet sent to a pod is on no endpoint's
+// in-flight count; saturation counts it apart until it is dispatched or
+// released, so an observation in between does not forget it.
+func TestSaturationCountsAdmittedNotDispatched(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gw, eps, _ := newGateway(t, gateway.Config{}, "")
+		load(gw, eps, map[string]int{"a": 0, "b": 0})
+		sat := func() float64 { return gw.Pools()[0].Saturation(time.Now(), priority.Thresholds{}).Value }
+		d, err := gw.Route(context.Background(), body, gateway.Meta{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sat(); got != 0.1 { // one waiting request over 2 pods × 5
+			t.Fatalf("admitted, not dispatched: saturation %v; want 0.1", got)
+		}
+		att := gw.Dispatch(d, d.Endpoints[0])
+		if got := sat(); got != 0.1 { // now as the endpoint's in-flight excess
+			t.Fatalf("dispatched: saturation %v; want 0.1", got)
+		}
+		att.Done(200, false)
+		d.Release()
+		if got := sat(); got != 0 {
+			t.Fatalf("done: saturation %v; want 0", got)
+		}
+		d, err = gw.Route(context.Background(), body, gateway.Meta{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Release() // never dispatched (the caller gave up)
+		if got := sat(); got != 0 {
+			t.Fatalf("released undispatched: saturation %v; want 0", got)
+		}
+	})
+}

@@ -120,6 +120,9 @@ type poolState struct {
 	pool     *tier1.Pool
 	stats    *poolStats
 	gate     *priority.Gate // admission by band
+	// pending counts requests admitted and not yet sent to a pod: no
+	// endpoint's in-flight count shows them yet.
+	pending atomic.Int64
 
 	mu       sync.Mutex
 	scrapers map[string]*scraper // by endpoint ID
@@ -369,7 +372,8 @@ type Decision struct {
 	sched  *tier1.Scheduler
 	state  *poolState
 	start  time.Time
-	ticket *priority.Ticket // admission; nil without
+	ticket  *priority.Ticket // admission; nil without
+	pending atomic.Bool      // counted in state.pending until dispatched
 }
 
 // Meta is what the caller knows of a request besides its body.
@@ -451,6 +455,7 @@ func (g *Gateway) decide(r *route, body *request.Body, meta Meta, target, adapte
 func (g *Gateway) Dispatch(d *Decision, ep *tier1.Endpoint) *Attempt {
 	now := g.cfg.Now()
 	tk := d.sched.Dispatch(ep, &d.Request, now)
+	d.dispatched()
 	if len(d.Request.Hashes) > 0 {
 		d.state.stats.observeHit(tk.PrefixHit())
 	}
