@@ -369,9 +369,9 @@ type Decision struct {
 	Endpoints              []*tier1.Endpoint
 	Request                tier1.Request
 
-	sched  *tier1.Scheduler
-	state  *poolState
-	start  time.Time
+	sched   *tier1.Scheduler
+	state   *poolState
+	start   time.Time
 	ticket  *priority.Ticket // admission; nil without
 	pending atomic.Bool      // counted in state.pending until dispatched
 }
