@@ -33,7 +33,7 @@ type Admission struct {
 
 	mu       sync.Mutex
 	gates    map[string]*priority.Gate
-	seen     map[string]uint64 // by model: digests last observed (see observe)
+	seen     map[string]uint64 // by model: digests last observed (see observeLocked)
 	claims   *priority.Tenants // counts downgrades (see Band)
 	claimsOf *config.Snapshot
 }
