@@ -84,12 +84,17 @@ func (a *Admission) gate(model string) *priority.Gate {
 // cluster choice (which ranks by load) sends it there.
 func (a *Admission) Admit(ctx context.Context, model string, r priority.Request) (t *priority.Ticket, spill bool, err error) {
 	g := a.gate(model)
-	if r.Band != priority.Sheddable && a.saturation(model, a.Region, true).Saturated() {
-		switch {
-		case a.otherRegionHasHeadroom(model):
-			r.MaySpill = true
-		case r.Band == priority.Critical && a.localClusterHasHeadroom(model):
-			return &priority.Ticket{Band: r.Band}, false, nil
+	if r.Band != priority.Sheddable {
+		limit := a.limit(r.Band)
+		if local := a.saturation(model, a.Region, true); local.Known() && local.Value >= limit {
+			switch {
+			case a.otherRegionHasHeadroom(model, limit):
+				// The Gate admits r if the home Region still has room
+				// for it after all, and tells it to spill otherwise.
+				r.MaySpill = true
+			case r.Band == priority.Critical && a.localClusterHasHeadroom(model):
+				return &priority.Ticket{Band: r.Band}, false, nil
+			}
 		}
 	}
 	t, err = g.Admit(ctx, r)
@@ -157,11 +162,27 @@ func (a *Admission) observeLocked(model string, g *priority.Gate) {
 	g.Observe(s)
 }
 
-// otherRegionHasHeadroom reports whether some other Region's pools of the
-// model are not saturated.
-func (a *Admission) otherRegionHasHeadroom(model string) bool {
+// limit is the saturation below which a pool has headroom for band b:
+// 1 for Critical, 1 − Config.CriticalReserve for the others.
+func (a *Admission) limit(b priority.Band) float64 {
+	if b == priority.Critical {
+		return 1
+	}
+	r := a.Config.CriticalReserve
+	switch {
+	case r == 0:
+		r = priority.DefaultConfig().CriticalReserve
+	case r < 0:
+		r = 0
+	}
+	return 1 - min(r, 1)
+}
+
+// otherRegionHasHeadroom reports whether the other Regions' pools of the
+// model, taken together, are below limit.
+func (a *Admission) otherRegionHasHeadroom(model string, limit float64) bool {
 	s := a.saturation(model, a.Region, false)
-	return s.Known() && !s.Saturated()
+	return s.Known() && s.Value < limit
 }
 
 // localClusterHasHeadroom reports whether one of this Region's clusters

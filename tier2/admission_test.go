@@ -95,6 +95,10 @@ func TestAdmission(t *testing.T) {
 			want{"waits", "waits", "saturated"}},
 		{"home between the reserve and 1: only Critical", []pool{{"home", "h1", 0.95, 4, 0}, {"away", "a1", 1.5, 4, 0}},
 			want{"admitted", "waits", "saturated"}},
+		{"home between the reserve and 1, away has headroom: Critical stays, Standard spills", []pool{{"home", "h1", 0.95, 4, 0}, {"away", "a1", 0.3, 4, 0}},
+			want{"admitted", "spill", "saturated"}},
+		{"away between the reserve and 1: no room for Standard there either", []pool{{"home", "h1", 1.2, 4, 0}, {"away", "a1", 0.95, 4, 0}},
+			want{"spill", "waits", "saturated"}},
 		{"stale home digest: blind", []pool{{"home", "h1", 0.1, 4, 3 * time.Second}, {"away", "a1", 1.5, 4, 0}},
 			want{"admitted", "admitted", "no_metrics"}},
 	}
