@@ -75,7 +75,7 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 		!bytes.Contains(c.raw, []byte(`"include_usage": true`))
 	if c.resolved.Target != c.body.Model || c.hideUsage {
 		var err error
-		if body, err = rewriteBody(c.raw, c.resolved.Target, c.hideUsage); err != nil {
+		if body, err = rewriteBody(c.raw, c.body.Model, c.resolved.Target, c.hideUsage); err != nil {
 			r.settle(c, 0)
 			r.reject(st, c, request.BadRequest("bad_request", err.Error()), w)
 			return
@@ -271,26 +271,64 @@ func (r *Router) settle(c *call, used int64) {
 	r.cfg.Limiter.Settle(c.rl.Ticket, used)
 }
 
-// usageTokens reads usage.total_tokens from a response or event JSON.
+// usageTokens reads usage.total_tokens from a response or event JSON
+// without decoding it: this runs on the response path of every request.
 func usageTokens(b []byte) int64 {
 	i := bytes.Index(b, []byte(`"usage"`))
 	if i < 0 {
 		return 0
 	}
-	var v struct {
-		Usage *struct {
-			TotalTokens int64 `json:"total_tokens"`
-		} `json:"usage"`
-	}
-	if json.Unmarshal(bytes.TrimSpace(b), &v) != nil || v.Usage == nil {
+	j := bytes.Index(b[i:], []byte(`"total_tokens"`))
+	if j < 0 {
 		return 0
 	}
-	return v.Usage.TotalTokens
+	rest := b[i+j+len(`"total_tokens"`):]
+	k := 0
+	for k < len(rest) && (rest[k] == ' ' || rest[k] == ':') {
+		k++
+	}
+	var n int64
+	for ; k < len(rest) && rest[k] >= '0' && rest[k] <= '9'; k++ {
+		n = n*10 + int64(rest[k]-'0')
+	}
+	return n
 }
 
-// rewriteBody returns body with its "model" replaced and, when
-// includeUsage, stream_options.include_usage set.
-func rewriteBody(body []byte, model string, includeUsage bool) ([]byte, error) {
+// rewriteBody returns body with its "model" replaced by model and, when
+// includeUsage, stream_options.include_usage set. The common cases are
+// byte edits of the original (a body may be megabytes of prompt); anything
+// unusual goes through a full decode.
+func rewriteBody(body []byte, public, model string, includeUsage bool) ([]byte, error) {
+	out := body
+	if model != public {
+		q, _ := json.Marshal(public)
+		from := append([]byte(`"model":`), q...)
+		if bytes.Count(body, from) != 1 {
+			return rewriteBodySlow(body, model, includeUsage)
+		}
+		to, _ := json.Marshal(model)
+		out = bytes.Replace(body, from, append([]byte(`"model":`), to...), 1)
+	}
+	if includeUsage {
+		if bytes.Contains(out, []byte(`"stream_options"`)) {
+			return rewriteBodySlow(body, model, includeUsage)
+		}
+		i := bytes.IndexByte(out, '{')
+		if i < 0 {
+			return nil, errors.New("malformed JSON body: not an object")
+		}
+		const field = `"stream_options":{"include_usage":true},`
+		edited := make([]byte, 0, len(out)+len(field))
+		edited = append(edited, out[:i+1]...)
+		edited = append(edited, field...)
+		edited = append(edited, out[i+1:]...)
+		out = edited
+	}
+	return out, nil
+}
+
+// rewriteBodySlow is rewriteBody by a full decode and encode.
+func rewriteBodySlow(body []byte, model string, includeUsage bool) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, fmt.Errorf("malformed JSON body: %w", err)
