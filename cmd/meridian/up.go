@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -168,6 +169,15 @@ func etcdUpConfig(ctx context.Context, f upFlags) (*config.Snapshot, sourceFlags
 	return snap, sourceFlags{endpoints: f.etcd, prefix: f.prefix, cache: cache}, nil
 }
 
+// forComponent gives each component of the local platform its own
+// last-known-good file (they would otherwise rewrite one file at once).
+func (f sourceFlags) forComponent(name string) sourceFlags {
+	if f.cache != "" {
+		f.cache = strings.TrimSuffix(f.cache, ".json") + "-" + name + ".json"
+	}
+	return f
+}
+
 func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error) {
 	snap, src, err := loadUpConfig(ctx, f)
 	if err != nil {
@@ -216,7 +226,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 				cleanup()
 				return nil, err
 			}
-			t1, err := startTier1(ctx, tier1Flags{src: src, cluster: c.Name, replica: c.Name + "-0", listen: u.Host,
+			t1, err := startTier1(ctx, tier1Flags{src: src.forComponent(c.Name), cluster: c.Name, replica: c.Name + "-0", listen: u.Host,
 				metrics: "127.0.0.1:0", health: c.Health, region: r.Name, scrapeInterval: 50 * time.Millisecond, maxMetricsAge: time.Second}, log)
 			if err != nil {
 				cleanup()
@@ -267,7 +277,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 		if addr == "" {
 			addr = "127.0.0.1:0"
 		}
-		t2, err := startTier2(ctx, tier2Flags{src: src, region: r.Name, name: name, listen: addr, metrics: "127.0.0.1:0",
+		t2, err := startTier2(ctx, tier2Flags{src: src.forComponent(name), region: r.Name, name: name, listen: addr, metrics: "127.0.0.1:0",
 			gossipBind: "127.0.0.1:0", join: slices.Clone(joins), gossipProfile: "local"},
 			keys, delayTransport(r.Name, regionOf, snap, f.crossDelay), log, gt)
 		if err != nil {
