@@ -33,6 +33,7 @@ import (
 // the target.
 func canaryPlatform(t *testing.T) (*Platform, *configtest.Etcd) {
 	t.Helper()
+	t.Setenv("TMPDIR", t.TempDir()) // where up keeps its last-known-good copies
 	e := configtest.StartEtcd(t)
 	port := map[string]string{}
 	for _, n := range []string{"t2-us", "t1-us", "h-us", "t2-eu", "t1-eu", "h-eu", "us-chat-0", "eu-next-0"} {
