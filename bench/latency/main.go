@@ -49,6 +49,7 @@ var (
 	pods        = flag.Int("pods", 4, "simulated pods")
 	timeScale   = flag.Float64("time-scale", 1000, "simulated model seconds per wall-clock second (high: the pods answer at once)")
 	paths       = flag.String("paths", "direct,tier1,tier2,nginx", "paths to measure")
+	unique      = flag.Bool("unique", true, "give every request a distinct prompt prefix, so that prefix affinity does not concentrate identical prompts on one pod (which measures routing, not the proxy)")
 )
 
 func main() {
@@ -106,6 +107,9 @@ func main() {
 	order := strings.Split(*paths, ",")
 	results := map[string][]result{}
 	body := requestBody()
+	if *unique {
+		body = bytes.Replace(body, []byte(`"content":"`), []byte(`"content":"%08d `), 1)
+	}
 	for r := 0; r < *runs; r++ {
 		for _, p := range order {
 			var urls []string
@@ -166,8 +170,13 @@ func load(urls []string, hdr http.Header, body []byte) result {
 			local := make([]time.Duration, 0, 1024)
 			buf := make([]byte, 32<<10)
 			for time.Now().Before(deadline) {
-				u := urls[int(next.Add(1))%len(urls)]
-				req, _ := http.NewRequest(http.MethodPost, u+"/v1/chat/completions", bytes.NewReader(body))
+				seq := next.Add(1)
+				u := urls[int(seq)%len(urls)]
+				b := body
+				if *unique {
+					b = []byte(fmt.Sprintf(string(body), seq))
+				}
+				req, _ := http.NewRequest(http.MethodPost, u+"/v1/chat/completions", bytes.NewReader(b))
 				req.Header = hdr.Clone()
 				t0 := time.Now()
 				resp, err := client.Do(req)
