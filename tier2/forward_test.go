@@ -46,8 +46,8 @@ func TestRewriteBody(t *testing.T) {
 func TestUsageTokens(t *testing.T) {
 	for in, want := range map[string]int64{
 		`{"choices":[],"usage":{"completion_tokens":3,"prompt_tokens":2,"total_tokens":5}}`: 5,
-		`{"usage": {"total_tokens": 1234}}`: 1234,
-		`{"choices":[{"delta":{"content":"x"}}]}`: 0,
+		`{"usage": {"total_tokens": 1234}}`:                                                 1234,
+		`{"choices":[{"delta":{"content":"x"}}]}`:                                           0,
 	} {
 		if got := usageTokens([]byte(in)); got != want {
 			t.Errorf("usageTokens(%s) = %d, want %d", in, got, want)

@@ -107,7 +107,7 @@ func TestPrometheusPanels(t *testing.T) {
 			t.Fatalf("traffic: %v", err)
 		}
 		tiny.Chat.Completions.New(context.Background(), ask("fast")) // 2 per hour: the rest are 429s
-		<-tick.C // pace the traffic over about 4 scrape intervals
+		<-tick.C                                                     // pace the traffic over about 4 scrape intervals
 	}
 	cases := []struct {
 		name, expr string
