@@ -2,6 +2,7 @@ package request
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 )
 
@@ -65,4 +66,17 @@ func TooManyRequests(code, msg string, retryAfter int) *APIError {
 // Unavailable is a 503 server_error.
 func Unavailable(code, msg string) *APIError {
 	return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: code, Message: msg}
+}
+
+// BodyError is the answer to a body Read or Parse refused: 413 for one
+// over the size limit, 400 otherwise (code missing_model or bad_request).
+// Both tiers answer body errors with it.
+func BodyError(err error) *APIError {
+	switch {
+	case errors.Is(err, ErrTooLarge):
+		return &APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "body_too_large", Message: err.Error()}
+	case errors.Is(err, ErrMissingModel):
+		return BadRequest("missing_model", err.Error())
+	}
+	return BadRequest("bad_request", err.Error())
 }

@@ -336,13 +336,7 @@ func (r *Router) parse(_ *state, c *call, _ http.ResponseWriter, req *http.Reque
 		c.body, c.raw, err = request.Read(req.Body, r.cfg.MaxBodyBytes)
 	}
 	if err != nil {
-		if errors.Is(err, request.ErrTooLarge) {
-			return &request.APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "body_too_large", Message: err.Error()}
-		}
-		if errors.Is(err, request.ErrMissingModel) {
-			return request.BadRequest("missing_model", err.Error())
-		}
-		return request.BadRequest("bad_request", err.Error())
+		return request.BodyError(err)
 	}
 	return nil
 }

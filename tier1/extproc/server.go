@@ -380,7 +380,7 @@ func (f *flow) route(eos bool) error {
 	body, err := request.Parse(raw, f.s.MaxBodyBytes)
 	if err != nil {
 		f.s.Gateway.Reject("bad_request")
-		return f.immediate(badBody(err))
+		return f.immediate(request.BodyError(err))
 	}
 	d, err := f.s.Gateway.Route(f.stream.Context(), body, gateway.Meta{Header: f.header, Subset: f.subset, Bytes: int64(len(raw))})
 	if err != nil {
@@ -655,16 +655,6 @@ func subsetHint(md *corev3.Metadata) []string {
 // servedEndpoint reads envoy.lb → x-gateway-destination-endpoint-served.
 func servedEndpoint(md *corev3.Metadata) string {
 	return md.GetFilterMetadata()[MetadataNamespace].GetFields()[gateway.HeaderServed].GetStringValue()
-}
-
-func badBody(err error) *request.APIError {
-	switch {
-	case errors.Is(err, request.ErrTooLarge):
-		return &request.APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "body_too_large", Message: err.Error()}
-	case errors.Is(err, request.ErrMissingModel):
-		return request.BadRequest("missing_model", err.Error())
-	}
-	return request.BadRequest("invalid_body", err.Error())
 }
 
 func apiError(err error) *request.APIError {

@@ -116,7 +116,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request) {
 	body, raw, err := request.Read(r.Body, p.MaxBodyBytes)
 	if err != nil {
 		p.Gateway.Reject("bad_request")
-		badBody(err).Write(w)
+		request.BodyError(err).Write(w)
 		return
 	}
 	// Admission by band first; the pod is picked when the request leaves
@@ -245,16 +245,6 @@ func copyHeader(dst, src http.Header) {
 		}
 		dst[k] = append(dst[k][:0:0], vs...)
 	}
-}
-
-func badBody(err error) *request.APIError {
-	switch {
-	case errors.Is(err, request.ErrTooLarge):
-		return &request.APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "body_too_large", Message: err.Error()}
-	case errors.Is(err, request.ErrMissingModel):
-		return request.BadRequest("missing_model", err.Error())
-	}
-	return request.BadRequest("invalid_body", err.Error())
 }
 
 func writeErr(w http.ResponseWriter, err error) {
