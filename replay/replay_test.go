@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/meridian-router/meridian/internal/traces"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,7 +18,7 @@ import (
 	"github.com/meridian-router/meridian/tier1"
 )
 
-const mooncakePath = "../../shared/traces/conversation_trace.jsonl"
+var mooncakePath = traces.Path(traces.Mooncake)
 
 func fleet(t testing.TB, yaml string) *sim.Fleet {
 	t.Helper()
@@ -39,7 +40,7 @@ func mooncake(t testing.TB, n int) *Workload {
 	t.Helper()
 	w, err := LoadTrace(mooncakePath, LoadOptions{Limit: n, Jitter: true, Seed: 1})
 	if err != nil {
-		t.Fatalf("load shared trace (CI keeps ../shared beside the clone): %v", err)
+		t.Fatalf("load shared trace: %v", err)
 	}
 	return w
 }
@@ -331,7 +332,7 @@ func checkKeys(t *testing.T, m map[string]json.RawMessage, want []string) {
 }
 
 func TestGoodputSearch(t *testing.T) {
-	w, err := LoadTrace("../../shared/traces/AzureLLMInferenceTrace_conv.csv", LoadOptions{Limit: 300})
+	w, err := LoadTrace(traces.Path(traces.Azure), LoadOptions{Limit: 300})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,7 +479,7 @@ func TestPlotAndTable(t *testing.T) {
 // adapters: the pools that list none serve them all, every request
 // completes, and the workload says the adapters are synthetic.
 func TestSyntheticAdapters(t *testing.T) {
-	w, err := LoadTrace("../../shared/traces/AzureLLMInferenceTrace_conv.csv",
+	w, err := LoadTrace(traces.Path(traces.Azure),
 		LoadOptions{Limit: 200, ZipfAdapters: 40, Seed: 3})
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"github.com/meridian-router/meridian/internal/traces"
 	"io"
 	"os"
 	"testing"
@@ -24,9 +25,9 @@ func mustProfile(t testing.TB, name string) Profile {
 // for all) into requests.
 func loadMooncake(t testing.TB, n int) ([]*Request, []time.Duration) {
 	t.Helper()
-	f, err := os.Open("../../shared/traces/conversation_trace.jsonl")
+	f, err := os.Open(traces.Path(traces.Mooncake))
 	if err != nil {
-		t.Fatalf("open shared trace (CI keeps ../shared beside the clone): %v", err)
+		t.Fatalf("open shared trace: %v", err)
 	}
 	defer f.Close()
 	r := trace.NewMooncake(f)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"github.com/meridian-router/meridian/internal/traces"
 	"io"
 	"os"
 	"slices"
@@ -12,9 +13,9 @@ import (
 
 func loadAzure(t testing.TB, n int) ([]*Request, []time.Duration) {
 	t.Helper()
-	f, err := os.Open("../../shared/traces/AzureLLMInferenceTrace_conv.csv")
+	f, err := os.Open(traces.Path(traces.Azure))
 	if err != nil {
-		t.Fatalf("open shared trace (CI keeps ../shared beside the clone): %v", err)
+		t.Fatalf("open shared trace: %v", err)
 	}
 	defer f.Close()
 	r := trace.NewAzure(f)

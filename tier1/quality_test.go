@@ -2,6 +2,7 @@ package tier1_test
 
 import (
 	"fmt"
+	"github.com/meridian-router/meridian/internal/traces"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -26,9 +27,9 @@ type traced struct {
 
 func loadMooncake(t testing.TB, n int) []traced {
 	t.Helper()
-	f, err := os.Open("../../shared/traces/conversation_trace.jsonl")
+	f, err := os.Open(traces.Path(traces.Mooncake))
 	if err != nil {
-		t.Skipf("shared trace not available (CI keeps ../shared beside the clone): %v", err)
+		t.Fatalf("open trace: %v", err)
 	}
 	defer f.Close()
 	r := trace.NewMooncake(f)

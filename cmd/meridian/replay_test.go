@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/meridian-router/meridian/internal/traces"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +16,7 @@ func TestReplayCommand(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	cmd.SetOut(&stdout)
 	cmd.SetErr(&stderr)
-	cmd.SetArgs([]string{"--trace", "../../../shared/traces/AzureLLMInferenceTrace_conv.csv", "--limit", "60",
+	cmd.SetArgs([]string{"--trace", traces.Path(traces.Azure), "--limit", "60",
 		"--fleet", "../../deploy/examples/fleets/mixed-h100-a10g.yaml", "--compare", "round-robin,meridian",
 		"--weights", "queue=2,kvCache=2,prefix=3,predictedLatency=1", "--json", "--plot", plot})
 	if err := cmd.Execute(); err != nil {

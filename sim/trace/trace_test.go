@@ -2,6 +2,7 @@ package trace
 
 import (
 	"errors"
+	"github.com/meridian-router/meridian/internal/traces"
 	"io"
 	"os"
 	"strings"
@@ -9,12 +10,12 @@ import (
 	"time"
 )
 
-// sharedTrace opens a file from ../shared/traces beside the repository.
+// sharedTrace opens one of the traces the repository ships in testdata/traces.
 func sharedTrace(t testing.TB, name string) *os.File {
 	t.Helper()
-	f, err := os.Open("../../../shared/traces/" + name)
+	f, err := os.Open(traces.Path(name))
 	if err != nil {
-		t.Fatalf("open shared trace (CI keeps ../shared beside the clone): %v", err)
+		t.Fatalf("open trace: %v", err)
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
