@@ -8,13 +8,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/meridian-router/meridian/aws/route53"
 	"github.com/meridian-router/meridian/config"
-	"github.com/meridian-router/meridian/ops/dns"
 )
 
 // dnsFlags are the flags of `meridian dns plan` and `meridian dns apply`.
 type dnsFlags struct {
-	cfg       dns.Config
+	cfg       route53.Config
 	configDir string
 	targets   []string
 	endpoint  string
@@ -40,7 +40,7 @@ func (f *dnsFlags) register(cmd *cobra.Command) {
 }
 
 // plan reads the targets, connects and makes the plan.
-func (f *dnsFlags) plan(ctx context.Context) (*dns.Plan, func(context.Context, *dns.Plan) error, error) {
+func (f *dnsFlags) plan(ctx context.Context) (*route53.Plan, func(context.Context, *route53.Plan) error, error) {
 	if f.cfg.Zone == "" || f.cfg.Name == "" {
 		return nil, nil, &exitError{2, errors.New("--zone and --name are required")}
 	}
@@ -58,21 +58,21 @@ func (f *dnsFlags) plan(ctx context.Context) (*dns.Plan, func(context.Context, *
 			return nil, nil, fmt.Errorf("%s has no Topology; add --target REGION=HOST:PORT", f.configDir)
 		}
 	}
-	targets, err := dns.ResolveTargets(top, f.targets)
+	targets, err := route53.ResolveTargets(top, f.targets)
 	if err != nil {
 		return nil, nil, err
 	}
 	cfg := f.cfg
 	cfg.Targets = targets
-	client, err := dns.NewClient(ctx, dns.ClientOptions{EndpointURL: f.endpoint, Profile: f.profile})
+	client, err := route53.NewClient(ctx, route53.ClientOptions{EndpointURL: f.endpoint, Profile: f.profile})
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := dns.MakePlan(ctx, client, cfg)
+	p, err := route53.MakePlan(ctx, client, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	apply := func(ctx context.Context, p *dns.Plan) error { return dns.Apply(ctx, client, p) }
+	apply := func(ctx context.Context, p *route53.Plan) error { return route53.Apply(ctx, client, p) }
 	return p, apply, nil
 }
 

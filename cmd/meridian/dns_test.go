@@ -6,13 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meridian-router/meridian/ops/dns/dnstest"
+	"github.com/meridian-router/meridian/aws/route53/route53test"
 )
 
 // TestDNSCommand runs `meridian dns plan|apply` against a loopback Route 53
 // with credentials from the environment (the SDK's standard chain).
 func TestDNSCommand(t *testing.T) {
-	srv := dnstest.NewServer("AKIDDNSCMDTEST")
+	srv := route53test.NewServer("AKIDDNSCMDTEST")
 	defer srv.Close()
 	srv.AddZone("example.com")
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDDNSCMDTEST")

@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/meridian-router/meridian/ops/cloudwatch"
+	"github.com/meridian-router/meridian/aws/cloudwatch"
 	"github.com/meridian-router/meridian/tier2"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/meridian-router/meridian/ops/cloudwatch/cloudwatchtest"
+	"github.com/meridian-router/meridian/aws/cloudwatch/cloudwatchtest"
 )
 
 const accessKey = "AKIDMERIDIANTEST"

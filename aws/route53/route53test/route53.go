@@ -1,4 +1,4 @@
-// Package dnstest runs a Route 53 endpoint on loopback for tests: the
+// Package route53test runs a Route 53 endpoint on loopback for tests: the
 // REST-XML wire protocol of the calls `meridian dns` makes, over an
 // in-memory hosted zone and health checks, with Route 53's rules for
 // change batches (atomic; CREATE of an existing record, DELETE of a
@@ -10,7 +10,7 @@
 // CreateHealthCheck and DeleteHealthCheck, checks that each request is
 // signed with Signature Version 4 for service route53 (not that the
 // signature is right), and serves no DNS queries.
-package dnstest
+package route53test
 
 import (
 	"encoding/xml"

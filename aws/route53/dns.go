@@ -1,4 +1,4 @@
-// Package dns keeps the global DNS name of a Meridian platform in Route 53:
+// Package route53 keeps the global DNS name of a Meridian platform in Route 53:
 // one latency-based record per Region, pointing at that Region's Tier-2
 // load balancer, each guarded by a Route 53 health check on /readyz, so
 // callers reach the nearest Region whose Tier-2 is ready.
@@ -11,7 +11,7 @@
 // balancers, does not wait for changes to reach Route 53's name servers,
 // and leaves records of the name it does not manage alone unless told to
 // prune them.
-package dns
+package route53
 
 import (
 	"context"

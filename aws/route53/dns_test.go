@@ -1,4 +1,4 @@
-package dns_test
+package route53_test
 
 import (
 	"context"
@@ -11,16 +11,16 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/route53"
 	"github.com/aws/aws-sdk-go-v2/service/route53/types"
 
+	dns "github.com/meridian-router/meridian/aws/route53"
+	"github.com/meridian-router/meridian/aws/route53/route53test"
 	"github.com/meridian-router/meridian/config"
-	"github.com/meridian-router/meridian/ops/dns"
-	"github.com/meridian-router/meridian/ops/dns/dnstest"
 )
 
 const accessKey = "AKIDMERIDIANTEST"
 
 // newClient returns a Route 53 client for srv with static test
 // credentials; nothing leaves loopback.
-func newClient(t *testing.T, srv *dnstest.Server, key string) *route53.Client {
+func newClient(t *testing.T, srv *route53test.Server, key string) *route53.Client {
 	t.Helper()
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
@@ -33,9 +33,9 @@ func newClient(t *testing.T, srv *dnstest.Server, key string) *route53.Client {
 	return c
 }
 
-func setup(t *testing.T) (*dnstest.Server, *route53.Client, string) {
+func setup(t *testing.T) (*route53test.Server, *route53.Client, string) {
 	t.Helper()
-	srv := dnstest.NewServer(accessKey)
+	srv := route53test.NewServer(accessKey)
 	t.Cleanup(srv.Close)
 	zone := srv.AddZone("example.com")
 	return srv, newClient(t, srv, accessKey), zone
@@ -65,8 +65,8 @@ func apply(t *testing.T, c *route53.Client, cfg dns.Config) *dns.Plan {
 }
 
 // latency returns the zone's latency records by Region.
-func latency(srv *dnstest.Server, zone string) map[string]dnstest.ResourceRecordSet {
-	out := map[string]dnstest.ResourceRecordSet{}
+func latency(srv *route53test.Server, zone string) map[string]route53test.ResourceRecordSet {
+	out := map[string]route53test.ResourceRecordSet{}
 	for _, r := range srv.Records(zone) {
 		if r.Region != "" {
 			out[r.Region] = r
@@ -75,13 +75,13 @@ func latency(srv *dnstest.Server, zone string) map[string]dnstest.ResourceRecord
 	return out
 }
 
-func healthCheck(srv *dnstest.Server, id string) (dnstest.HealthCheck, bool) {
+func healthCheck(srv *route53test.Server, id string) (route53test.HealthCheck, bool) {
 	for _, h := range srv.HealthChecks() {
 		if h.ID == id {
 			return h, true
 		}
 	}
-	return dnstest.HealthCheck{}, false
+	return route53test.HealthCheck{}, false
 }
 
 func TestApplyCreatesLatencyRecordsWithHealthChecks(t *testing.T) {
@@ -107,7 +107,7 @@ func TestApplyCreatesLatencyRecordsWithHealthChecks(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s: record's health check %q does not exist", tg.Region, r.HealthCheckID)
 		}
-		want := dnstest.HealthCheckConfig{Type: "HTTP", FullyQualifiedDomainName: tg.Host, Port: 80, ResourcePath: "/readyz", RequestInterval: 30, FailureThreshold: 3}
+		want := route53test.HealthCheckConfig{Type: "HTTP", FullyQualifiedDomainName: tg.Host, Port: 80, ResourcePath: "/readyz", RequestInterval: 30, FailureThreshold: 3}
 		if h.HealthCheckConfig != want {
 			t.Errorf("%s: health check %+v, want %+v", tg.Region, h.HealthCheckConfig, want)
 		}
@@ -318,7 +318,7 @@ func TestInvalidConfig(t *testing.T) {
 }
 
 func TestWrongCredentialsRefused(t *testing.T) {
-	srv := dnstest.NewServer(accessKey)
+	srv := route53test.NewServer(accessKey)
 	defer srv.Close()
 	c := newClient(t, srv, "AKIDSOMEONEELSE")
 	_, err := dns.MakePlan(context.Background(), c, dns.Config{Zone: "example.com", Name: "api.example.com", Targets: twoRegions})
