@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meridian-router/meridian/sim"
+)
+
+// The rows of docs/reliability.md that need the whole platform: each
+// subtest injects one fault into a running two-Region platform and checks
+// what a caller sees. Faults on a single component (etcd, gossip, one
+// proxy) are tested in their packages; docs/reliability.md names them.
+
+// streamOutcome is how one streaming request ended, as a caller saw it.
+type streamOutcome struct {
+	status   int    // HTTP status
+	chunks   int    // data events before the end
+	done     bool   // ended with [DONE]
+	errEvent string // the error event's code, if it ended with one
+	err      error  // transport error before any byte
+}
+
+// cutSilently reports a stream that started and then ended with neither
+// [DONE] nor an error event: the one thing a caller can't act on.
+func (o streamOutcome) cutSilently() bool {
+	return o.status == http.StatusOK && !o.done && o.errEvent == ""
+}
+
+// lostBeforeFirstByte reports a request that failed before the caller got
+// anything: the router had every chance to send it elsewhere.
+func (o streamOutcome) lostBeforeFirstByte() bool {
+	return o.err != nil || o.status >= 500 || (o.status == http.StatusOK && o.chunks == 0 && !o.done && o.errEvent != "")
+}
+
+// streamChat sends one raw streaming chat request and reads it to its end.
+func streamChat(ctx context.Context, endpoint, token, model string, maxTokens int) streamOutcome {
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"reliability %d"}]}`,
+		model, maxTokens, time.Now().UnixNano())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return streamOutcome{err: err}
+	}
+	defer resp.Body.Close()
+	o := streamOutcome{status: resp.StatusCode}
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, resp.Body)
+		return o
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
+		if !ok {
+			continue
+		}
+		switch {
+		case bytes.Equal(data, []byte("[DONE]")):
+			o.done = true
+			return o
+		case bytes.HasPrefix(data, []byte(`{"error"`)):
+			o.errEvent = string(data)
+			return o
+		}
+		o.chunks++
+	}
+	return o
+}
+
+func podsNamed(p *Platform, prefix string) []*sim.LivePod {
+	var out []*sim.LivePod
+	for _, lp := range p.Pods {
+		if strings.HasPrefix(lp.Name(), prefix) {
+			out = append(out, lp)
+		}
+	}
+	return out
+}
+
+func TestReliability(t *testing.T) {
+	p := testPlatform(t)
+	ctx := context.Background()
+	us, eu := p.Endpoints["us-east-1"], p.Endpoints["eu-west-1"]
+
+	// Row "pod crash mid-stream": a stream that has started is cut with an
+	// error event (never silently); requests that had not started are
+	// served elsewhere.
+	t.Run("pod crashes mid-stream", func(t *testing.T) {
+		bad := podsNamed(p, "us-fast")
+		for _, lp := range bad {
+			lp.SetFaults(sim.Faults{CrashAfterTokens: 2})
+		}
+		defer func() {
+			for _, lp := range bad {
+				lp.SetFaults(sim.Faults{})
+			}
+		}()
+		first := streamChat(ctx, us, p.Token, "fast", 16)
+		if first.errEvent == "" || first.chunks == 0 {
+			t.Fatalf("first stream into a crashing cluster: %+v, want some chunks then an error event", first)
+		}
+		var mu sync.Mutex
+		var outcomes []streamOutcome
+		var wg sync.WaitGroup
+		for range 12 {
+			wg.Go(func() {
+				o := streamChat(ctx, us, p.Token, "fast", 16)
+				mu.Lock()
+				outcomes = append(outcomes, o)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		for i, o := range outcomes {
+			if o.cutSilently() {
+				t.Errorf("stream %d cut silently: %+v", i, o)
+			}
+			if o.lostBeforeFirstByte() {
+				t.Errorf("stream %d lost before its first byte: %+v", i, o)
+			}
+		}
+		// Non-streaming requests fail at the pod before any byte reaches
+		// the caller, so each is retried on a healthy cluster.
+		c := client(p, "us-east-1", p.Token)
+		for i := range 8 {
+			if _, err := c.Chat.Completions.New(ctx, ask("fast")); err != nil {
+				t.Fatalf("non-streaming request %d while use1's pods crash: %v", i, err)
+			}
+		}
+	})
+
+	// Row "pod slow": a pod 8× slower than its profile keeps answering;
+	// nothing fails.
+	t.Run("pod slow", func(t *testing.T) {
+		slow := podsNamed(p, "us-fast-0")
+		for _, lp := range slow {
+			lp.SetFaults(sim.Faults{SlowFactor: 8})
+		}
+		defer func() {
+			for _, lp := range slow {
+				lp.SetFaults(sim.Faults{})
+			}
+		}()
+		var wg sync.WaitGroup
+		errs := make(chan string, 24)
+		for range 24 {
+			wg.Go(func() {
+				if o := streamChat(ctx, us, p.Token, "fast", 8); !o.done {
+					errs <- fmt.Sprintf("%+v", o)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Errorf("request with a slow pod did not complete: %s", e)
+		}
+
+	})
+
+	// Row "Tier-2 instance killed": its callers get connection refused at
+	// once (DNS health checks move them to another Region); the other
+	// Region's Tier-2 keeps serving every model, including those of the
+	// dead Tier-2's own Region.
+	t.Run("Tier-2 instance killed", func(t *testing.T) {
+		if !p.Stop("tier2/us-east-1") {
+			t.Fatal("no component tier2/us-east-1")
+		}
+		eventually(t, "us-east-1's Tier-2 refuses connections", func() bool {
+			o := streamChat(ctx, us, p.Token, "fast", 4)
+			return errors.Is(o.err, syscall.ECONNREFUSED)
+		})
+		for i := range 16 {
+			model := []string{"fast", "chat-v1", "chat-v2"}[i%3]
+			if o := streamChat(ctx, eu, p.Token, model, 4); !o.done {
+				t.Fatalf("request %d (%s) to eu-west-1 after us-east-1's Tier-2 died: %+v", i, model, o)
+			}
+		}
+	})
+}
