@@ -66,12 +66,13 @@ type Config struct {
 	// reaches 0, falling linearly from 1 at no errors. Zero means 0.25.
 	ErrorRateCeiling float64
 
-	// DigestMaxAge is how old (now − Produced) a digest may be and still be
-	// used. Older digests are ignored, never gossiped and dropped by
-	// Sweep; a cluster with no fresh digest for a model is not a candidate
-	// for it. It must exceed the feed interval plus gossip delay and clock
-	// skew between Regions. Shorter reacts faster to a silent cluster;
-	// longer tolerates a slow feed. Zero means 5 s.
+	// DigestMaxAge is how long after it arrived a digest is used. Older
+	// digests are ignored, never gossiped and dropped by Sweep; a cluster
+	// with no fresh digest for a model is not a candidate for it. It must
+	// exceed the feed interval plus gossip delay (clock skew between
+	// instances does not count: age is measured on the receiver's clock,
+	// see MaxClockSkew). Shorter reacts faster to a silent cluster; longer
+	// tolerates a slow feed or a CPU-starved producer. Zero means 5 s.
 	DigestMaxAge time.Duration
 
 	// RTTs are configured round trips between Regions, used until one is

@@ -171,14 +171,53 @@ func TestStoreExpiry(t *testing.T) {
 			t.Error("restarted producer's digest refused")
 		}
 
-		// Too old on arrival, or dated in the future beyond the bound.
-		for name, at := range map[string]time.Time{"old": time.Now().Add(-6 * time.Second), "future": time.Now().Add(6 * time.Second)} {
+		// Dated further off than the age bound plus the clock skew allowed:
+		// a broken clock or a replay.
+		beyond := 5*time.Second + MaxClockSkew + time.Second
+		for name, at := range map[string]time.Time{"old": time.Now().Add(-beyond), "future": time.Now().Add(beyond)} {
 			d.Produced, d.Version = at, 1000
 			if ok, _ := s.Put(d); ok {
 				t.Errorf("%s digest accepted", name)
 			}
 		}
 	})
+}
+
+// Instances whose clocks disagree by more than the age bound still route on
+// each other's digests: freshness is measured from arrival on the
+// receiver's clock.
+func TestStoreClockSkew(t *testing.T) {
+	for _, skew := range []time.Duration{-30 * time.Second, -6 * time.Second, 6 * time.Second, 30 * time.Second} {
+		t.Run(skew.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := NewDigestStore(5*time.Second, nil)
+				d := sampleDigest()
+				d.Produced, d.Version = time.Now().Add(skew), 1
+				if ok, _ := s.Put(d); !ok {
+					t.Fatalf("digest from a producer %s off refused", skew)
+				}
+				// The producer keeps publishing every second: always fresh.
+				for i := range 10 {
+					time.Sleep(time.Second)
+					d.Produced, d.Version = time.Now().Add(skew), uint64(i+2)
+					s.Put(d)
+					if _, ok := s.Get(d.Key()); !ok {
+						t.Fatalf("after %ds a producer %s off is not routable", i+1, skew)
+					}
+				}
+				// It stops: its last digest goes stale DigestMaxAge after it
+				// arrived, whatever its timestamp says.
+				time.Sleep(5 * time.Second)
+				if _, ok := s.Get(d.Key()); !ok {
+					t.Error("digest gone before its age bound")
+				}
+				time.Sleep(time.Nanosecond)
+				if _, ok := s.Get(d.Key()); ok {
+					t.Error("stale digest of a skewed producer still served")
+				}
+			})
+		})
+	}
 }
 
 func TestStoreGossipChannel(t *testing.T) {

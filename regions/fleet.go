@@ -285,7 +285,7 @@ func (f *Fleet) rebuildLocked() {
 		v.spread = math.Inf(1)
 	}
 	perModel := make(map[string]*modelView)
-	f.store.eachFresh(func(d *Digest) {
+	f.store.eachFresh(func(d *Digest, expires time.Time) {
 		c := f.clusters[[2]string{d.Region, d.Cluster}]
 		if c == nil || d.ReadyPods == 0 {
 			return
@@ -296,7 +296,7 @@ func (f *Fleet) rebuildLocked() {
 			v.proxScore[d.Region] = prox
 		}
 		cd := candidate{c: c, score: f.score(d, c, prox), capacity: float64(d.ReadyPods),
-			expires: d.Produced.Add(f.cfg.DigestMaxAge).UnixNano()}
+			expires: expires.UnixNano()}
 		for i := -1; i < len(d.Adapters); i++ {
 			name := d.Model
 			if i >= 0 {

@@ -34,12 +34,23 @@ type DigestStore struct {
 }
 
 type storeEntry struct {
-	d       Digest
-	encoded []byte // d's encoding, reused for gossip
+	d        Digest
+	encoded  []byte    // d's encoding, reused for gossip
+	received time.Time // by this store's clock
 }
 
-// NewDigestStore returns an empty store that ignores digests older than
-// maxAge (zero means 5 s) by the clock now (nil means time.Now).
+// MaxClockSkew is how far a producer's clock may be from this store's and
+// its digests still be heard. Freshness is judged by when a digest arrived
+// here, not by its producer's timestamp, so skew below this bound changes
+// nothing; a digest whose timestamp is further off than DigestMaxAge plus
+// this bound is refused as coming from a broken clock (or a replay).
+const MaxClockSkew = time.Minute
+
+// NewDigestStore returns an empty store that uses a digest for maxAge
+// (zero means 5 s) after it arrived, by the clock now (nil means
+// time.Now). A digest relayed late is used for at most maxAge after it
+// reached this store, and never once its producer's timestamp is more than
+// maxAge + MaxClockSkew away from now.
 func NewDigestStore(maxAge time.Duration, now func() time.Time) *DigestStore {
 	if maxAge <= 0 {
 		maxAge = 5 * time.Second
@@ -89,15 +100,16 @@ func (s *DigestStore) Put(d Digest) (bool, error) {
 // accept stores e if it supersedes what is held.
 func (s *DigestStore) accept(e *storeEntry) bool {
 	now := s.now()
-	if !s.fresh(&e.d, now) {
+	if !s.plausible(&e.d, now) {
 		return false
 	}
+	e.received = now
 	k := e.d.Key()
 	s.mu.Lock()
 	old, ok := s.entries[k]
 	// A held digest that has gone stale is replaced by any fresh one, so a
 	// producer that restarted with a lower Version is heard again.
-	if ok && s.fresh(&old.d, now) && !e.d.newer(&old.d) {
+	if ok && s.fresh(old, now) && !e.d.newer(&old.d) {
 		s.mu.Unlock()
 		return false
 	}
@@ -116,11 +128,17 @@ func (s *DigestStore) changed() {
 	}
 }
 
-// fresh reports whether d may be used at now. A digest produced further in
-// the future than the age bound is refused too: its producer's clock is
-// wrong, and it would otherwise outlive its producer.
-func (s *DigestStore) fresh(d *Digest, now time.Time) bool {
-	age, bound := now.Sub(d.Produced), time.Duration(s.maxAge.Load())
+// fresh reports whether a held digest may be used at now: it arrived at
+// most the age bound ago. The producer's clock plays no part, so instances
+// whose clocks disagree by seconds still route on each other's digests.
+func (s *DigestStore) fresh(e *storeEntry, now time.Time) bool {
+	return now.Sub(e.received) <= time.Duration(s.maxAge.Load())
+}
+
+// plausible reports whether an arriving digest's timestamp is within the
+// age bound plus MaxClockSkew of now, in either direction.
+func (s *DigestStore) plausible(d *Digest, now time.Time) bool {
+	age, bound := now.Sub(d.Produced), time.Duration(s.maxAge.Load())+MaxClockSkew
 	return age <= bound && age >= -bound
 }
 
@@ -129,7 +147,7 @@ func (s *DigestStore) Get(k Key) (Digest, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.entries[k]
-	if !ok || !s.fresh(&e.d, s.now()) {
+	if !ok || !s.fresh(e, s.now()) {
 		return Digest{}, false
 	}
 	return e.d, true
@@ -141,7 +159,7 @@ func (s *DigestStore) Digests() []Digest {
 	s.mu.Lock()
 	out := make([]Digest, 0, len(s.entries))
 	for _, e := range s.entries {
-		if s.fresh(&e.d, now) {
+		if s.fresh(e, now) {
 			out = append(out, e.d)
 		}
 	}
@@ -152,15 +170,16 @@ func (s *DigestStore) Digests() []Digest {
 	return out
 }
 
-// eachFresh calls f with every fresh digest, in no order, under the
-// store's lock: f must not call back into the store or keep d.
-func (s *DigestStore) eachFresh(f func(d *Digest)) {
+// eachFresh calls f with every fresh digest and the time it goes stale,
+// in no order, under the store's lock: f must not call back into the store
+// or keep d.
+func (s *DigestStore) eachFresh(f func(d *Digest, expires time.Time)) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range s.entries {
-		if s.fresh(&e.d, now) {
-			f(&e.d)
+		if s.fresh(e, now) {
+			f(&e.d, e.received.Add(time.Duration(s.maxAge.Load())))
 		}
 	}
 }
@@ -179,7 +198,7 @@ func (s *DigestStore) Sweep() int {
 	s.mu.Lock()
 	n := 0
 	for k, e := range s.entries {
-		if !s.fresh(&e.d, now) {
+		if !s.fresh(e, now) {
 			delete(s.entries, k)
 			n++
 		}
@@ -197,7 +216,7 @@ func (s *DigestStore) LocalState() []byte {
 	s.mu.Lock()
 	encoded := make([][]byte, 0, len(s.entries))
 	for _, e := range s.entries {
-		if s.fresh(&e.d, now) {
+		if s.fresh(e, now) {
 			encoded = append(encoded, e.encoded)
 		}
 	}
