@@ -98,6 +98,9 @@ type tracked struct {
 	unwritten rewrite.Action
 	// warned: the cohort warning was logged for this state.
 	warned bool
+	// keying is the stickiness (key, header, salt) the cohort is measured
+	// under.
+	keying string
 }
 
 type sample struct {
@@ -314,7 +317,17 @@ func (c *Canary) observe(name string, mr *config.ModelRewrite, rule int, now tim
 			c.weight.WithLabelValues(name, w.Target).Set(w.Percent)
 		}
 	}
+	keying := ""
+	if sk := mr.Spec.Stickiness; sk != nil {
+		keying = sk.Key + "\x00" + sk.Header + "\x00" + sk.Salt
+	}
 	if tr != nil && rolloutEqual(tr.seen, ro) {
+		if tr.keying != keying {
+			// Same state, new cohorts (the salt or key changed): measure
+			// the split afresh.
+			tr.keying, tr.warned = keying, false
+			c.r.cohorts.Store(name, &rewrite.Cohort{})
+		}
 		return tr
 	}
 	if tr != nil {
@@ -326,7 +339,7 @@ func (c *Canary) observe(name string, mr *config.ModelRewrite, rule int, now tim
 		tr = &tracked{}
 		c.tracked[name] = tr
 	}
-	tr.seen, tr.since, tr.samples, tr.unwritten, tr.warned = ro, now, nil, rewrite.Hold, false
+	tr.seen, tr.since, tr.samples, tr.unwritten, tr.warned, tr.keying = ro, now, nil, rewrite.Hold, false, keying
 	// Each state's split is measured on its own traffic.
 	c.r.cohorts.Store(name, &rewrite.Cohort{})
 	for _, s := range []string{rewrite.StatusProgressing, rewrite.StatusPaused, rewrite.StatusHealthy, rewrite.StatusDegraded, rewrite.StatusAborted} {
