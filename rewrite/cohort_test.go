@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/meridian-router/meridian/config"
 )
 
 func TestCohortSampleCounts(t *testing.T) {
@@ -94,4 +96,50 @@ func TestCohortWarning(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkCohortObserve is Tier-2's per-request cost of measuring a
+// rollout's cohort, against Resolve itself, over 100,000 session keys
+// (past the sample size, the common case).
+func BenchmarkCohortObserve(b *testing.B) {
+	keys := make([]string, 100_000)
+	for i := range keys {
+		keys[i] = fmt.Sprint("session-", i)
+	}
+	b.Run("resolve", func(b *testing.B) {
+		r := benchResolver(b)
+		h := &singleHeader{}
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			h.v = keys[i%len(keys)]
+			r.Resolve(Request{Model: "m", Header: h})
+		}
+	})
+	b.Run("resolve+observe", func(b *testing.B) {
+		r := benchResolver(b)
+		h := &singleHeader{}
+		var c Cohort
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			h.v = keys[i%len(keys)]
+			res, _ := r.Resolve(Request{Model: "m", Header: h})
+			c.Observe(res)
+		}
+	})
+}
+
+type singleHeader struct{ v string }
+
+func (h *singleHeader) Get(string) string { return h.v }
+
+func benchResolver(b *testing.B) *Resolver {
+	b.Helper()
+	ro := &config.Rollout{Stable: "stable", Canary: "canary", Steps: []int64{5}, Status: StatusProgressing}
+	r, err := NewResolver(map[string]*config.ModelRewrite{"m": {Metadata: config.Metadata{Name: "m"}, Spec: config.ModelRewriteSpec{
+		Rules:      []config.RewriteRule{{Matches: exact("m"), Targets: targets("stable", 1, "canary", 1)}},
+		Stickiness: &config.Stickiness{Key: "header", Header: "x-session-id", Salt: "s"}, Rollout: ro}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
 }
