@@ -482,6 +482,8 @@ func TestCanaryEndToEnd(t *testing.T) {
 		}
 		mustCanary(t, e, "undo", "chat")
 	})
+
+	t.Run("status shows the observed cohort and warns on too few keys", func(t *testing.T) { observedCohort(t, p, e) })
 }
 
 // observed runs `canary status chat --json --tier2 (both)` and returns the
