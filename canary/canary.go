@@ -17,6 +17,8 @@ package canary
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,6 +74,19 @@ type StartOptions struct {
 	Interval time.Duration
 	// Analysis overrides the thresholds (nil: rewrite's defaults).
 	Analysis *config.AnalysisLimit
+	// Salt seeds the rollout's stickiness hash (spec.stickiness.salt).
+	// Empty means a fresh one, the rewrite's name plus a new rollout id, so
+	// each rollout samples its own cohort of callers instead of the same
+	// keys every time. Give one only to repeat a past rollout's cohort.
+	Salt string
+}
+
+// rolloutID names one rollout in its salt: when it started and 48 random
+// bits, so two rollouts started in the same instant still differ.
+func rolloutID(now time.Time) string {
+	var b [6]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return now.UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b[:])
 }
 
 // Start begins a rollout of o.To behind o.Model. The stable target is the
@@ -145,6 +160,17 @@ func (r *Rollouts) Start(ctx context.Context, o StartOptions) (Status, error) {
 			ro.Reason = fmt.Sprintf("started by operator at %d%%", o.Weight)
 		}
 		mr.Spec.Rollout = ro
+		// A new cohort per rollout: the salt reshuffles which keys fall in
+		// the canary's slice. It stays fixed until the next start, so a key
+		// keeps its side (and only moves onto the canary as it grows).
+		salt := o.Salt
+		if salt == "" {
+			salt = mr.Metadata.Name + "/" + rolloutID(r.now())
+		}
+		if mr.Spec.Stickiness == nil {
+			mr.Spec.Stickiness = &config.Stickiness{}
+		}
+		mr.Spec.Stickiness.Salt = salt
 		return nil
 	})
 }

@@ -35,8 +35,79 @@ type Status struct {
 	TimeInStep string `json:"timeInStep,omitempty"`
 	// Weights are every target's effective share of the rule.
 	Weights []Weight `json:"weights"`
+	// Stickiness is what keeps a caller on one side: "tenant" or
+	// "header NAME" (falling back to the tenant without the header).
+	Stickiness string `json:"stickiness"`
+	// Salt seeds the stickiness hash; `canary start` writes a fresh one
+	// per rollout.
+	Salt string `json:"salt,omitempty"`
 	// Live is the latest analysis of each Tier-2 asked (status --tier2).
-	Live []Live `json:"live,omitempty"`
+	Live        []Live  `json:"live,omitempty"`
+	pairPercent float64 // canary's share of the pair, for Observed
+
+	// Observed merges the Live cohorts: how the split landed on the
+	// traffic of every Tier-2 asked. Nil without live cohorts.
+	Observed *Cohort `json:"observed,omitempty"`
+}
+
+// Cohort is how a rollout's split lands on observed traffic: the canary's
+// share of the stable/canary pair's requests and of its distinct
+// stickiness keys, beside the configured weight. Counts run from when the
+// Tier-2 first saw the rollout's current state (step, status or weights).
+type Cohort struct {
+	// WeightPercent is the canary's configured share of the pair.
+	WeightPercent  float64 `json:"weightPercent"`
+	Requests       int64   `json:"requests"`
+	CanaryRequests int64   `json:"canaryRequests"`
+	RequestPercent float64 `json:"requestPercent"`
+	// Keys and CanaryKeys count distinct stickiness keys: exact up to
+	// rewrite.CohortSampleSize keys, estimated (about ±3%) beyond.
+	Keys       int64   `json:"keys"`
+	CanaryKeys int64   `json:"canaryKeys"`
+	KeyPercent float64 `json:"keyPercent"`
+	// Warning says why the split cannot be trusted (rewrite.CohortWarning);
+	// empty when it can.
+	Warning string `json:"warning,omitempty"`
+	// Sample is the key sample (rewrite.CohortSample.Hashes), so that
+	// status can merge the cohorts of several Tier-2s.
+	Sample []uint64 `json:"sample,omitempty"`
+}
+
+// NewCohort reports requests (canary of them on the canary) and the key
+// sample keys against the configured weight (the canary's share of the
+// pair, in percent).
+func NewCohort(weight float64, requests, canary int64, keys rewrite.CohortSample) Cohort {
+	c := Cohort{WeightPercent: weight, Requests: requests, CanaryRequests: canary, Sample: keys.Hashes()}
+	c.Keys, c.CanaryKeys = keys.Keys()
+	if requests > 0 {
+		c.RequestPercent = 100 * float64(canary) / float64(requests)
+	}
+	if c.Keys > 0 {
+		c.KeyPercent = 100 * float64(c.CanaryKeys) / float64(c.Keys)
+	}
+	c.Warning = rewrite.CohortWarning(weight, c.Keys, requests)
+	return c
+}
+
+// PairPercent is the canary's share, in percent, of the stable/canary pair
+// as Shares computes the rule's split; 0 when the rule lacks either.
+func PairPercent(rl config.RewriteRule, ro *config.Rollout) float64 {
+	if ro == nil {
+		return 0
+	}
+	var s, c float64
+	for _, w := range Shares(rl, ro) {
+		switch w.Target {
+		case ro.Stable:
+			s = w.Percent
+		case ro.Canary:
+			c = w.Percent
+		}
+	}
+	if s+c == 0 {
+		return 0
+	}
+	return 100 * c / (s + c)
 }
 
 // Weight is one target's effective share in percent.
@@ -60,6 +131,14 @@ func statusFrom(mr *config.ModelRewrite, rule int, now time.Time) Status {
 	}
 	ro := mr.Spec.Rollout
 	st.Weights = Shares(rl, ro)
+	st.Stickiness = "tenant"
+	if sk := mr.Spec.Stickiness; sk != nil {
+		if sk.Key == "header" {
+			st.Stickiness = "header " + sk.Header
+		}
+		st.Salt = sk.Salt
+	}
+	st.pairPercent = PairPercent(rl, ro)
 	if ro == nil {
 		return st
 	}
@@ -122,6 +201,8 @@ type Live struct {
 	// pause, abort) and Decision why.
 	Action   string `json:"action"`
 	Decision string `json:"decision"`
+	// Cohort is how the split landed on this Tier-2's traffic.
+	Cohort *Cohort `json:"cohort,omitempty"`
 	// Error is set when the analysis could not run.
 	Error string `json:"error,omitempty"`
 }
@@ -161,13 +242,32 @@ func FetchLive(ctx context.Context, client *http.Client, base string) ([]Live, e
 	return out, nil
 }
 
-// Attach adds to each status the live analyses of its rewrite.
+// Attach adds to each status the live analyses of its rewrite, and merges
+// their cohorts into Observed.
 func Attach(sts []Status, live []Live) {
 	for i := range sts {
+		st := &sts[i]
 		for _, l := range live {
-			if l.Rewrite == sts[i].Rewrite {
-				sts[i].Live = append(sts[i].Live, l)
+			if l.Rewrite == st.Rewrite {
+				st.Live = append(st.Live, l)
 			}
+		}
+		var requests, canary int64
+		var keys rewrite.CohortSample
+		seen := false
+		for _, l := range st.Live {
+			if l.Cohort == nil || l.Error != "" {
+				continue
+			}
+			seen = true
+			requests += l.Cohort.Requests
+			canary += l.Cohort.CanaryRequests
+			keys.Merge(rewrite.SampleOf(l.Cohort.Sample))
+		}
+		if seen {
+			c := NewCohort(st.pairPercent, requests, canary, keys)
+			c.Sample = nil // merged; the per-Tier-2 samples stay in Live
+			st.Observed = &c
 		}
 	}
 }
@@ -197,6 +297,13 @@ func WriteTable(w io.Writer, sts []Status) error {
 				fmt.Fprintf(tw, "Time in step:\t%s (since %s)\n", st.TimeInStep, st.StepStarted)
 			}
 		}
+		if st.State != "" {
+			salt := st.Salt
+			if salt == "" {
+				salt = "(none: every rollout draws the same cohort)"
+			}
+			fmt.Fprintf(tw, "Stickiness:\t%s, salt %s\n", st.Stickiness, salt)
+		}
 		fmt.Fprintf(tw, "Weights:\n")
 		for _, wt := range st.Weights {
 			where := ""
@@ -204,6 +311,13 @@ func WriteTable(w io.Writer, sts []Status) error {
 				where = " (clusters " + strings.Join(wt.Clusters, ",") + ")"
 			}
 			fmt.Fprintf(tw, "  %s\t%.1f%%%s\n", wt.Target, wt.Percent, where)
+		}
+		if c := st.Observed; c != nil {
+			fmt.Fprintf(tw, "Observed:\tcanary %.1f%% of %d requests, %.1f%% of %d distinct keys (weight %.1f%%)\n",
+				c.RequestPercent, c.Requests, c.KeyPercent, c.Keys, c.WeightPercent)
+			if c.Warning != "" {
+				fmt.Fprintf(tw, "WARNING:\t%s\n", c.Warning)
+			}
 		}
 		if len(st.Live) > 0 {
 			fmt.Fprintf(tw, "Analysis:\tTIER-2\tSIDE\tREQUESTS\tERRORS\t429s\tP99 TTFT\n")

@@ -230,6 +230,9 @@ type DirSource struct {
 	// OnReload, when set, is called after each reload attempt with its
 	// outcome (nil error on success). It must not block.
 	OnReload func(rev int64, err error)
+	// Check, when set, is the consumer's own test of a valid snapshot, as
+	// EtcdSource.Check: a snapshot it refuses is an invalid reload.
+	Check func(*Snapshot) error
 
 	mu      sync.Mutex
 	lastErr error
@@ -317,6 +320,11 @@ func (d *DirSource) LastError() error {
 func (d *DirSource) load() (*Snapshot, [32]byte, error) {
 	sum, _ := dirDigest(d.Dir)
 	s, err := LoadDir(d.Dir)
+	if err == nil && d.Check != nil {
+		if cerr := d.Check(s); cerr != nil {
+			return nil, sum, fmt.Errorf("%w: %s: %w", ErrUnusable, d.Dir, cerr)
+		}
+	}
 	return s, sum, err
 }
 

@@ -117,10 +117,24 @@ func buildFrom(prefix string, objs map[string][]byte, rev int64) (*Snapshot, err
 	return Build(docs, rev)
 }
 
+// ErrEmpty reports an etcd prefix that holds no objects: every key was
+// deleted (an `etcdctl del --prefix` by mistake), or the prefix is wrong.
+// Such a state is refused like an invalid one.
+var ErrEmpty = errors.New("config: no objects under the etcd prefix")
+
+// ErrUnusable reports a valid configuration that the consuming component
+// cannot run (EtcdSource.Check refused it).
+var ErrUnusable = errors.New("config: configuration not usable here")
+
 // EtcdSource serves the configuration kept in etcd and follows changes with
-// a watch that resumes from the last revision it saw. Every valid snapshot
-// is also written to CacheFile, so a restart while etcd is unreachable
-// starts from the last known good configuration.
+// a watch that resumes from the last revision it saw.
+//
+// A state is published only when it is valid, not empty and passes Check;
+// anything else is refused: logged at Error, reported to OnReload, and the
+// running configuration stays. Only a published snapshot is written to
+// CacheFile (the last-known-good copy), so the copy only ever holds a
+// configuration that was put in force, and a restart while etcd is down,
+// emptied or invalid starts from it.
 type EtcdSource struct {
 	broadcaster
 	Client *clientv3.Client
@@ -136,6 +150,17 @@ type EtcdSource struct {
 	// OnReload, when set, is called after each reload attempt with its
 	// outcome (nil error on success). It must not block.
 	OnReload func(rev int64, err error)
+	// Check, when set, is the consumer's own test of a valid snapshot (for
+	// example Tier-2 needs a Topology); a snapshot it refuses is treated as
+	// invalid and never published or saved. It must not block.
+	Check func(*Snapshot) error
+	// ProbeInterval is how often Run checks that etcd answers, so an outage
+	// is logged (a watch on a dead server just waits). Zero means 5s; the
+	// probe's timeout is the interval.
+	ProbeInterval time.Duration
+	// OnReachable, when set, is called when etcd stops or starts answering
+	// (the first probe reports either). It must not block.
+	OnReachable func(up bool)
 
 	mu      sync.Mutex
 	objects map[string][]byte // the state being watched (may be invalid)
@@ -174,7 +199,8 @@ func (e *EtcdSource) Start(ctx context.Context) error {
 	e.mu.Lock()
 	e.fromLKG = true
 	e.mu.Unlock()
-	e.log().Warn("etcd unreachable or invalid; serving the last known good configuration", "cache", e.CacheFile, "revision", s.Revision, "error", err)
+	e.log().Error("config: etcd unreachable, empty or invalid at start; serving the last-known-good configuration",
+		"cache", e.CacheFile, "revision", s.Revision, "error", err)
 	e.publish(s)
 	return nil
 }
@@ -210,12 +236,29 @@ func (e *EtcdSource) relist(ctx context.Context) error {
 	return e.rebuild()
 }
 
+// build validates objects as a configuration this source may publish.
+func (e *EtcdSource) build(prefix string, objs map[string][]byte, rev int64) (*Snapshot, error) {
+	if len(objs) == 0 {
+		return nil, fmt.Errorf("%w %s at revision %d (were they all deleted?); apply the configuration again", ErrEmpty, prefix, rev)
+	}
+	s, err := buildFrom(prefix, objs, rev)
+	if err != nil {
+		return nil, err
+	}
+	if e.Check != nil {
+		if err := e.Check(s); err != nil {
+			return nil, fmt.Errorf("%w: revision %d: %w", ErrUnusable, rev, err)
+		}
+	}
+	return s, nil
+}
+
 // rebuild validates the watched objects and publishes them when valid.
 func (e *EtcdSource) rebuild() error {
 	e.mu.Lock()
 	objs, rev := e.objects, e.rev
 	e.mu.Unlock()
-	s, err := buildFrom(e.Prefix, objs, rev)
+	s, err := e.build(e.Prefix, objs, rev)
 	e.mu.Lock()
 	e.lastErr = err
 	if err == nil {
@@ -226,12 +269,17 @@ func (e *EtcdSource) rebuild() error {
 		e.OnReload(rev, err)
 	}
 	if err != nil {
-		e.log().Error("config in etcd rejected; keeping the running configuration", "revision", rev, "error", err)
+		running := int64(0)
+		if cur := e.Snapshot(); cur != nil {
+			running = cur.Revision
+		}
+		e.log().Error("config: etcd state refused; keeping the running configuration and the last-known-good copy",
+			"revision", rev, "running", running, "error", err)
 		return err
 	}
 	e.publish(s)
-	if werr := e.saveLKG(s); werr != nil {
-		e.log().Warn("cannot write last-known-good configuration", "cache", e.CacheFile, "error", werr)
+	if werr := e.saveLKG(objs, s.Revision); werr != nil {
+		e.log().Error("config: cannot write the last-known-good copy", "cache", e.CacheFile, "error", werr)
 	}
 	return nil
 }
@@ -241,6 +289,9 @@ func (e *EtcdSource) rebuild() error {
 func (e *EtcdSource) Run(ctx context.Context) {
 	defer e.close()
 	e.Prefix = normPrefix(e.Prefix)
+	probed := make(chan struct{})
+	defer func() { <-probed }()
+	go func() { defer close(probed); e.probe(ctx) }()
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		e.mu.Lock()
@@ -271,6 +322,51 @@ func (e *EtcdSource) Run(ctx context.Context) {
 			return
 		}
 		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+// probe asks etcd for one key every ProbeInterval and logs when it stops
+// and starts answering: a watch on an unreachable server neither fails nor
+// says anything.
+func (e *EtcdSource) probe(ctx context.Context) {
+	every := e.ProbeInterval
+	if every <= 0 {
+		every = 5 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	known, up := false, false
+	var since time.Time
+	for {
+		pctx, cancel := context.WithTimeout(ctx, every)
+		_, err := e.Client.Get(pctx, e.Prefix+guardKey, clientv3.WithCountOnly())
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		now := err == nil
+		if !known || now != up {
+			running := int64(0)
+			if cur := e.Snapshot(); cur != nil {
+				running = cur.Revision
+			}
+			switch {
+			case !now:
+				e.log().Error("config: etcd unreachable; serving the configuration in force until it answers",
+					"revision", running, "lastKnownGood", e.FromLastKnownGood(), "error", etcdErr(pctx, "probe", err))
+			case known:
+				e.log().Warn("config: etcd reachable again", "down", time.Since(since).Round(time.Millisecond), "revision", running)
+			}
+			known, up, since = true, now, time.Now()
+			if e.OnReachable != nil {
+				e.OnReachable(now)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 
@@ -328,16 +424,15 @@ type lkgFile struct {
 	Objects  map[string]string `json:"objects"` // key → JSON
 }
 
-func (e *EtcdSource) saveLKG(s *Snapshot) error {
+// saveLKG writes objs, the objects of the snapshot just published.
+func (e *EtcdSource) saveLKG(objs map[string][]byte, rev int64) error {
 	if e.CacheFile == "" {
 		return nil
 	}
-	f := lkgFile{Prefix: e.Prefix, Revision: s.Revision, Objects: map[string]string{}}
-	e.mu.Lock()
-	for k, v := range e.objects {
+	f := lkgFile{Prefix: e.Prefix, Revision: rev, Objects: make(map[string]string, len(objs))}
+	for k, v := range objs {
 		f.Objects[k] = string(v)
 	}
-	e.mu.Unlock()
 	b, err := json.MarshalIndent(f, "", " ")
 	if err != nil {
 		return err
@@ -368,7 +463,7 @@ func (e *EtcdSource) loadLKG() (*Snapshot, error) {
 	for k, v := range f.Objects {
 		objs[k] = []byte(v)
 	}
-	s, err := buildFrom(f.Prefix, objs, f.Revision)
+	s, err := e.build(f.Prefix, objs, f.Revision)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", e.CacheFile, err)
 	}

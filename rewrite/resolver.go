@@ -68,6 +68,9 @@ type Resolution struct {
 	// or stable target (both false without a rollout), so the caller can
 	// attribute the request's outcome to one side of the canary analysis.
 	Canary, Stable bool
+	// Key is the stickiness key the target was picked by (the tenant, or
+	// the stickiness header's value); empty when no rule matched.
+	Key string
 }
 
 // Resolver resolves public model names against one set of rewrites.
@@ -140,6 +143,7 @@ func (r *Resolver) Resolve(req Request) (res Resolution, ok bool) {
 	res.Rewrite = rt.rewrite
 	res.Canary = tg.canary
 	res.Stable = tg.stable
+	res.Key = key
 	return res, true
 }
 

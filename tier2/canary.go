@@ -81,6 +81,7 @@ type Canary struct {
 	state  *prometheus.GaugeVec
 	weight *prometheus.GaugeVec
 	trans  *prometheus.CounterVec
+	share  *prometheus.GaugeVec
 
 	mu      sync.Mutex
 	latest  map[string]canary.Live // rewrite → latest analysis
@@ -95,6 +96,11 @@ type tracked struct {
 	// unwritten is the last decision a read-only analysis could not
 	// write (Hold: none), so it is logged once per state.
 	unwritten rewrite.Action
+	// warned: the cohort warning was logged for this state.
+	warned bool
+	// keying is the stickiness (key, header, salt) the cohort is measured
+	// under.
+	keying string
 }
 
 type sample struct {
@@ -131,11 +137,13 @@ func NewCanary(cfg CanaryConfig, r *Router) (*Canary, error) {
 			Help: "1 for the rollout's current state (Progressing, Paused, Healthy, Degraded, Aborted)."}, []string{"rewrite", "state"}),
 		weight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_canary_weight_percent",
 			Help: "Current weight of each target of a rewrite with a rollout, in percent."}, []string{"rewrite", "target"}),
+		share: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_canary_observed_percent",
+			Help: "The canary's observed share of its rollout's stable+canary requests and distinct stickiness keys, in percent, since this instance saw the rollout's current state."}, []string{"rewrite", "of"}),
 		trans: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_canary_transitions_total",
 			Help: "Rollout state transitions this instance observed, by the state entered (a step change counts as Progressing)."}, []string{"rewrite", "to"}),
 	}
 	if cfg.Registerer != nil {
-		for _, col := range []prometheus.Collector{c.state, c.weight, c.trans} {
+		for _, col := range []prometheus.Collector{c.state, c.weight, c.trans, c.share} {
 			if err := cfg.Registerer.Register(col); err != nil {
 				return nil, err
 			}
@@ -189,6 +197,8 @@ func (c *Canary) round(ctx context.Context) time.Duration {
 			delete(c.latest, name)
 			c.state.DeletePartialMatch(prometheus.Labels{"rewrite": name})
 			c.weight.DeletePartialMatch(prometheus.Labels{"rewrite": name})
+			c.share.DeletePartialMatch(prometheus.Labels{"rewrite": name})
+			c.r.cohorts.Delete(name)
 		}
 	}
 	for name, mr := range st.snap.Rewrites {
@@ -226,7 +236,8 @@ func (c *Canary) round(ctx context.Context) time.Duration {
 		canaryStats := c.stats(ro.Canary, clusters[0], cs, base.canary)
 		stableStats := c.stats(ro.Stable, clusters[1], ss, base.stable)
 		live := canary.Live{Rewrite: name, Model: public, Instance: c.cfg.Instance, Region: c.cfg.Region,
-			At: now.UTC().Format(time.RFC3339), Canary: side(ro.Canary, canaryStats), Stable: side(ro.Stable, stableStats)}
+			At: now.UTC().Format(time.RFC3339), Canary: side(ro.Canary, canaryStats), Stable: side(ro.Stable, stableStats),
+			Cohort: c.cohort(name, mr, rule, tr)}
 		res, err := rewrite.Analyze(canaryStats, stableStats, ro.Analysis)
 		var dec rewrite.Decision
 		if err == nil {
@@ -306,7 +317,17 @@ func (c *Canary) observe(name string, mr *config.ModelRewrite, rule int, now tim
 			c.weight.WithLabelValues(name, w.Target).Set(w.Percent)
 		}
 	}
+	keying := ""
+	if sk := mr.Spec.Stickiness; sk != nil {
+		keying = sk.Key + "\x00" + sk.Header + "\x00" + sk.Salt
+	}
 	if tr != nil && rolloutEqual(tr.seen, ro) {
+		if tr.keying != keying {
+			// Same state, new cohorts (the salt or key changed): measure
+			// the split afresh.
+			tr.keying, tr.warned = keying, false
+			c.r.cohorts.Store(name, &rewrite.Cohort{})
+		}
 		return tr
 	}
 	if tr != nil {
@@ -318,7 +339,9 @@ func (c *Canary) observe(name string, mr *config.ModelRewrite, rule int, now tim
 		tr = &tracked{}
 		c.tracked[name] = tr
 	}
-	tr.seen, tr.since, tr.samples, tr.unwritten = ro, now, nil, rewrite.Hold
+	tr.seen, tr.since, tr.samples, tr.unwritten, tr.warned, tr.keying = ro, now, nil, rewrite.Hold, false, keying
+	// Each state's split is measured on its own traffic.
+	c.r.cohorts.Store(name, &rewrite.Cohort{})
 	for _, s := range []string{rewrite.StatusProgressing, rewrite.StatusPaused, rewrite.StatusHealthy, rewrite.StatusDegraded, rewrite.StatusAborted} {
 		v := 0.0
 		if s == status {
@@ -327,6 +350,36 @@ func (c *Canary) observe(name string, mr *config.ModelRewrite, rule int, now tim
 		c.state.WithLabelValues(name, s).Set(v)
 	}
 	return tr
+}
+
+// cohort reports how the rollout's current state split this instance's
+// traffic, logging its warning once per state. c.mu is held.
+func (c *Canary) cohort(name string, mr *config.ModelRewrite, rule int, tr *tracked) *canary.Cohort {
+	v, ok := c.r.cohorts.Load(name)
+	if !ok || rule < 0 {
+		return nil
+	}
+	requests, onCanary, keys := v.(*rewrite.Cohort).Counts()
+	co := canary.NewCohort(canary.PairPercent(mr.Spec.Rules[rule], mr.Spec.Rollout), requests, onCanary, keys)
+	c.share.WithLabelValues(name, "requests").Set(co.RequestPercent)
+	c.share.WithLabelValues(name, "keys").Set(co.KeyPercent)
+	if co.Warning != "" && !tr.warned {
+		tr.warned = true
+		c.log.Warn("canary: the stickiness key has too few distinct values for the weight to mean anything",
+			"rewrite", name, "weightPercent", co.WeightPercent, "observedRequestPercent", co.RequestPercent,
+			"keys", co.Keys, "requests", co.Requests, "warning", co.Warning)
+	}
+	return &co
+}
+
+// observeCohort counts a resolved request towards its rollout's cohort.
+func (r *Router) observeCohort(res rewrite.Resolution) {
+	if !res.Canary && !res.Stable {
+		return
+	}
+	if v, ok := r.cohorts.Load(res.Rewrite); ok {
+		v.(*rewrite.Cohort).Observe(res)
+	}
 }
 
 // baseline returns the sample the window's measurements start from: the

@@ -2,6 +2,7 @@ package tier2
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -78,13 +79,23 @@ type Instance struct {
 	ejections map[string]uint64 // last seen ejection count per cluster (housekeeping only)
 }
 
+// Usable reports whether Tier-2 can run a valid configuration; a source
+// given it as its Check never publishes (nor keeps as last-known-good) one
+// Tier-2 would refuse.
+func Usable(s *config.Snapshot) error {
+	if s.Topology == nil {
+		return errors.New("tier2: the configuration has no Topology: Tier-2 needs the Regions and clusters")
+	}
+	return nil
+}
+
 // NewInstance assembles a Tier-2 from the first configuration.
 func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot) (*Instance, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if snap.Topology == nil {
-		return nil, fmt.Errorf("tier2: the configuration has no Topology: Tier-2 needs the Regions and clusters")
+	if err := Usable(snap); err != nil {
+		return nil, err
 	}
 	in := &Instance{cfg: cfg, log: cfg.Logger, subs: map[string]context.CancelFunc{}, ejections: map[string]uint64{}}
 	in.metrics = NewMetrics(cfg.Registerer)
@@ -262,8 +273,8 @@ func (in *Instance) Run(ctx context.Context, updates <-chan *config.Snapshot) {
 }
 
 func (in *Instance) apply(ctx context.Context, s *config.Snapshot) {
-	if s.Topology == nil {
-		in.log.Error("tier2: configuration without a Topology not applied", "revision", s.Revision)
+	if err := Usable(s); err != nil {
+		in.log.Error("tier2: configuration not applied", "revision", s.Revision, "error", err)
 		return
 	}
 	if err := in.Fleet.Update(in.fleetConfig(s)); err != nil {

@@ -72,6 +72,7 @@ type Router struct {
 	snap    atomic.Pointer[state]
 	bufs    sync.Pool
 	readers sync.Pool // *bufio.Reader of 32 KiB for relaying event streams
+	cohorts sync.Map  // rewrite name → *rewrite.Cohort of its rollout's state; see Canary
 }
 
 // state is one configuration's derived routing state.
@@ -356,6 +357,7 @@ func (r *Router) resolve(st *state, c *call, _ http.ResponseWriter, req *http.Re
 		return &request.APIError{Status: http.StatusForbidden, Type: "permission_error", Code: "model_not_allowed",
 			Message: fmt.Sprintf("tenant %q may not call model %q", c.caller.Tenant, res.Public)}
 	}
+	r.observeCohort(res)
 	return nil
 }
 

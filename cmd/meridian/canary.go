@@ -118,6 +118,7 @@ func canaryStartCmd(f *canaryFlags) *cobra.Command {
 	cmd.Flags().Int64Var(&o.Weight, "weight", 0, "a manual canary's weight in percent, 1..99 (default 5 without --steps)")
 	cmd.Flags().Int64SliceVar(&o.Steps, "steps", nil, "a stepped rollout's canary weights in percent, increasing (e.g. 5,25,50,100)")
 	cmd.Flags().DurationVar(&o.Interval, "interval", 0, "time per step of a stepped rollout (e.g. 10m)")
+	cmd.Flags().StringVar(&o.Salt, "salt", "", "stickiness salt of this rollout (default: a fresh one, REWRITE/ROLLOUT-ID, so each rollout draws a new cohort of callers)")
 	cmd.Flags().Float64Var(&lim.MaxTTFTP99Ratio, "max-ttft-ratio", 0, "fail when canary P99 TTFT / stable P99 TTFT exceeds this (default 1.5)")
 	cmd.Flags().Float64Var(&lim.MaxErrorRateDelta, "max-error-rate-delta", 0, "fail when the canary's error rate exceeds stable's by this fraction (default 0.05)")
 	cmd.Flags().Float64Var(&lim.Max429RateDelta, "max-429-rate-delta", 0, "fail when the canary's 429 rate exceeds stable's by this fraction (default 0.1)")

@@ -89,12 +89,10 @@ spec:
     targets:
     - {modelRewrite: chat-v1, weight: 100}
   stickiness: {key: header, header: x-session-id, salt: chat-rollout}
----
-apiVersion: meridian.dev/v1alpha1
-kind: Tenant
-metadata: {name: team-a}
-spec: {}
 `)
+	for _, tenant := range []string{"team-a", "team-b", "team-c", "team-d", "team-e"} {
+		fmt.Fprintf(&b, "---\napiVersion: meridian.dev/v1alpha1\nkind: Tenant\nmetadata: {name: %s}\nspec: {}\n", tenant)
+	}
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "platform.yaml"), []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
@@ -483,6 +481,142 @@ func TestCanaryEndToEnd(t *testing.T) {
 			t.Fatalf("weights after the abort: %+v", w)
 		}
 		mustCanary(t, e, "undo", "chat")
+	})
+
+	t.Run("status shows the observed cohort and warns on too few keys", func(t *testing.T) { observedCohort(t, p, e) })
+}
+
+// observed runs `canary status chat --json --tier2 (both)` and returns the
+// merged cohort, once both Tier-2s report one with at least requests.
+func observed(t *testing.T, p *Platform, e *configtest.Etcd, requests int64) canary.Status {
+	t.Helper()
+	var st canary.Status
+	eventually(t, fmt.Sprintf("status shows a cohort of %d requests", requests), func() bool {
+		out := mustCanary(t, e, "status", "chat", "--json", "--tier2", p.Endpoints["us-east-1"]+","+p.Endpoints["eu-west-1"])
+		var sts []canary.Status
+		if err := json.Unmarshal([]byte(out), &sts); err != nil {
+			t.Fatalf("status --json: %v\n%s", err, out)
+		}
+		if len(sts) != 1 || len(sts[0].Live) != 2 || sts[0].Observed == nil || sts[0].Observed.Requests < requests {
+			return false
+		}
+		st = sts[0]
+		return true
+	})
+	return st
+}
+
+// setStickiness rewrites the chat rewrite's stickiness (a validated,
+// revision-checked write).
+func setStickiness(t *testing.T, e *configtest.Etcd, sk config.Stickiness) {
+	t.Helper()
+	err := canary.NewEtcd(&config.Store{Client: e.Client}).Update(context.Background(), "chat", func(mr *config.ModelRewrite) error {
+		mr.Spec.Stickiness = &sk
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// observedCohort: `canary status` shows the split as it landed on traffic
+// beside the configured weight, and warns when the stickiness key has too
+// few values for the weight to mean anything. It runs on
+// TestCanaryEndToEnd's platform.
+func observedCohort(t *testing.T, p *Platform, e *configtest.Etcd) {
+	ctx := context.Background()
+	tier2s := p.Endpoints["us-east-1"] + "," + p.Endpoints["eu-west-1"]
+	// measuring waits until both Tier-2s measure the rollout's current
+	// state, so that every request sent afterwards is counted.
+	measuring := func() {
+		t.Helper()
+		eventually(t, "both Tier-2s measure the rollout", func() bool {
+			out := mustCanary(t, e, "status", "chat", "--json", "--tier2", tier2s)
+			var sts []canary.Status
+			return json.Unmarshal([]byte(out), &sts) == nil && len(sts) == 1 && len(sts[0].Live) == 2 &&
+				sts[0].Live[0].Cohort != nil && sts[0].Live[1].Cohort != nil &&
+				sts[0].Live[0].Cohort.WeightPercent == 5 && sts[0].Live[1].Cohort.WeightPercent == 5 &&
+				sts[0].Observed.Requests == 0
+		})
+	}
+
+	t.Run("5 tenants keyed by tenant at 5%: a warning and the observed share", func(t *testing.T) {
+		setStickiness(t, e, config.Stickiness{Key: "tenant"})
+		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--weight", "5")
+		defer mustCanary(t, e, "undo", "chat")
+		measuring()
+		tenants := []string{"team-a", "team-b", "team-c", "team-d", "team-e"}
+		onCanary := 0
+		for i, tenant := range tenants {
+			tok, err := p.sign(tenant)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range 4 {
+				region := p.Regions[(i+j)%len(p.Regions)]
+				var resp *http.Response
+				c := client(p, region, tok)
+				if _, err := c.Chat.Completions.New(ctx, ask("chat"), option.WithResponseInto(&resp)); err != nil {
+					t.Fatal(err)
+				}
+				if resp.Header.Get("x-meridian-cluster") == "euw1" {
+					onCanary++
+				}
+			}
+		}
+		st := observed(t, p, e, 20)
+		c := st.Observed
+		if c.Requests != 20 || c.Keys != 5 || c.CanaryRequests != int64(onCanary) || c.WeightPercent != 5 || c.Warning == "" {
+			t.Fatalf("observed cohort %+v; want 20 requests of 5 keys, %d on the canary, and a warning", *c, onCanary)
+		}
+		if st.Stickiness != "tenant" || !strings.HasPrefix(st.Salt, "chat/") {
+			t.Fatalf("stickiness %q, salt %q: want tenant and a fresh chat/ROLLOUT-ID salt", st.Stickiness, st.Salt)
+		}
+		table := mustCanary(t, e, "status", "chat", "--tier2", tier2s)
+		want := fmt.Sprintf("canary %.1f%% of 20 requests", 100*float64(onCanary)/20)
+		if !strings.Contains(table, want) || !strings.Contains(table, "WARNING:") || !strings.Contains(table, "only 5 distinct stickiness keys") {
+			t.Fatalf("status table lacks %q or the warning:\n%s", want, table)
+		}
+		t.Logf("5 tenants at 5%%:\n%s", table)
+	})
+
+	t.Run("1,000 sessions keyed by header at 5%: 4–6% and no warning", func(t *testing.T) {
+		setStickiness(t, e, config.Stickiness{Key: "header", Header: "x-session-id"})
+		// A given salt, so the share is the same every run; over random
+		// salts 1,000 keys land within 4–6% about 85% of the time (the
+		// cohort is Binomial(1000, 0.05)).
+		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--weight", "5", "--salt", "chat/cohort-test")
+		defer mustCanary(t, e, "undo", "chat")
+		measuring()
+		const sessions = 1000
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		var failed atomic.Int64
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := next.Add(1) - 1; i < sessions; i = next.Add(1) - 1 {
+					if _, err := served(p, p.Regions[w%len(p.Regions)], fmt.Sprint("cohort-session-", i)); err != nil {
+						failed.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if failed.Load() > 0 {
+			t.Fatalf("%d of %d requests failed", failed.Load(), sessions)
+		}
+		st := observed(t, p, e, sessions)
+		c := st.Observed
+		if c.Requests != sessions || c.Keys != sessions || c.RequestPercent < 4 || c.RequestPercent > 6 || c.Warning != "" {
+			t.Fatalf("observed cohort %+v; want %d requests and keys, 4–6%% on the canary, no warning", *c, sessions)
+		}
+		table := mustCanary(t, e, "status", "chat", "--tier2", tier2s)
+		if strings.Contains(table, "WARNING") || !strings.Contains(table, "of 1000 requests") {
+			t.Fatalf("status table:\n%s", table)
+		}
+		t.Logf("1,000 sessions at 5%%:\n%s", table)
 	})
 }
 

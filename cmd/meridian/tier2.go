@@ -80,6 +80,11 @@ func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport
 		return nil, &exitError{2, fmt.Errorf("--region is required")}
 	}
 	reg := newRegistry()
+	root, err := f.src.fileRoot()
+	if err != nil {
+		return nil, &exitError{2, err}
+	}
+	f.src.check = tier2.Usable
 	src, err := f.src.open(ctx, reg, log)
 	if err != nil {
 		return nil, err
@@ -93,7 +98,7 @@ func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport
 	src.close = func() { closeStore(); closeSrc() }
 	inst, err := tier2.NewInstance(ctx, tier2.InstanceConfig{
 		Region: f.region, Name: f.name, GossipBind: f.gossipBind, GossipJoin: f.join, GossipProfile: f.gossipProfile,
-		SubscribeAll: f.subscribeAll, InsecureNoAuth: f.insecureNoAuth, ConfigDir: f.src.dir, Keys: keys,
+		SubscribeAll: f.subscribeAll, InsecureNoAuth: f.insecureNoAuth, ConfigDir: root, Keys: keys,
 		Transport: transport, Registerer: reg, Logger: log, GossipTransport: gt,
 		Canary: tier2.CanaryConfig{Store: store, Period: f.canaryPeriod},
 	}, src.Snapshot())

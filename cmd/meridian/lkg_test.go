@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/config/configtest"
+)
+
+// `meridian tier2 --etcd` resolves the example's relative jwksFile
+// (keys/jwks.json) against --config-root, since an etcd key is no place on
+// disk; without it (the working directory here) the file is not found.
+func TestTier2EtcdRelativeJWKSFile(t *testing.T) {
+	e := configtest.StartEtcd(t)
+	const platform = "../../deploy/examples/platform"
+	docs, _, err := config.ReadDir(platform)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &config.Store{Client: e.Client}
+	plan, err := store.PlanApply(t.Context(), docs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Commit(t.Context(), plan); err != nil {
+		t.Fatal(err)
+	}
+	flags := func(root string) tier2Flags {
+		return tier2Flags{src: sourceFlags{endpoints: []string{e.Endpoint()}, prefix: config.DefaultPrefix,
+			cache: filepath.Join(t.TempDir(), "lkg.json"), root: root}, region: "us-east-1", name: "t2", listen: "127.0.0.1:0"}
+	}
+	log := slog.New(slog.DiscardHandler)
+	if _, err := startTier2(t.Context(), flags(""), nil, nil, log, nil); err == nil || !strings.Contains(err.Error(), "jwks.json") {
+		t.Fatalf("without --config-root: %v, want the missing keys/jwks.json named", err)
+	}
+	f := flags(platform)
+	f.metrics = "127.0.0.1:0"
+	t2, err := startTier2(t.Context(), f, nil, nil, log, nil)
+	if err != nil {
+		t.Fatalf("tier2 --etcd --config-root %s: %v", platform, err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- t2.run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Error(err)
+		}
+	}()
+
+	// A topology-less configuration is refused by Tier-2, so it is counted
+	// as an invalid reload, not an ok one.
+	metrics := "http://" + t2.servers[1].Addr() + "/metrics"
+	scrape := func() string {
+		resp, err := http.Get(metrics)
+		if err != nil {
+			return ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	eventually(t, "etcd reported up", func() bool { return strings.Contains(scrape(), "meridian_config_etcd_up 1") })
+	if _, err := e.Client.Delete(t.Context(), config.KeyOf(config.DefaultPrefix, config.ObjectKey{Kind: config.KindTopology, Name: "global"})); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the topology-less configuration counted invalid", func() bool {
+		return strings.Contains(scrape(), `meridian_config_reloads_total{result="invalid"} 1`)
+	})
+	if m := scrape(); !strings.Contains(m, `meridian_config_reloads_total{result="ok"} 1`) {
+		t.Fatalf("reloads after the refusal:\n%s", grepLines(m, "meridian_config_reloads_total"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
