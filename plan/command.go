@@ -361,8 +361,11 @@ func WriteLoRA(w io.Writer, p *LoRAPlan, desc string) error {
 		name string
 		o    Outcome
 	}{{"layout", p.Layout}, {fmt.Sprintf("one shared pool (--max-loras %d)", p.SharedMaxLoRAs), p.Shared}} {
-		t := Trial{Pools: r.o.Pods}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f%%\t%d\t%d\t\n", r.name, t.Label(), fmtMS(r.o.P99TTFTMS), 100*r.o.Attainment, r.o.Failed, r.o.AdapterLoads)
+		var pods []string
+		for _, pc := range r.o.Pods {
+			pods = append(pods, fmt.Sprintf("%d×%s", pc.Count, pc.Pool))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f%%\t%d\t%d\t\n", r.name, strings.Join(pods, " + "), fmtMS(r.o.P99TTFTMS), 100*r.o.Attainment, r.o.Failed, r.o.AdapterLoads)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("plan: %w", err)

@@ -104,9 +104,16 @@ func PlanLoRA(w *replay.Workload, l LoRA) (*LoRAPlan, error) {
 	for _, a := range w.Adapters {
 		count[a]++
 	}
+	// The catalogue: adapters the workload draws from, requested or not
+	// (an adapter nobody asked for in the window still needs a pool).
 	var names []string
 	for a := range count {
 		if a != "" {
+			names = append(names, a)
+		}
+	}
+	for _, a := range w.AdapterNames {
+		if _, ok := count[a]; !ok && a != "" {
 			names = append(names, a)
 		}
 	}
