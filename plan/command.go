@@ -274,7 +274,7 @@ func parseZipf(v string) (int, float64, error) {
 func verdict(t Trial, slo time.Duration) string {
 	switch {
 	case t.Pods() == 0:
-		return "no pods"
+		return "serves nothing (misses)"
 	case t.Abandoned:
 		return fmt.Sprintf("misses (over 1%% of requests past %v; stopped early)", slo)
 	case t.Met:

@@ -38,7 +38,11 @@ var (
 	tier1Desc  = prometheus.NewDesc("meridian_tier1_requests_total", "Requests answered.", []string{"model_name", "target_model_name", "pool", "code"}, nil)
 )
 
-func (e *exporter) Describe(ch chan<- *prometheus.Desc) { ch <- promptDesc; ch <- outputDesc; ch <- tier1Desc }
+func (e *exporter) Describe(ch chan<- *prometheus.Desc) {
+	ch <- promptDesc
+	ch <- outputDesc
+	ch <- tier1Desc
+}
 
 func (e *exporter) Collect(ch chan<- prometheus.Metric) {
 	n := e.rps * time.Since(e.start).Seconds()
