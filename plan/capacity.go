@@ -412,6 +412,10 @@ func PlanCapacity(w *replay.Workload, c Capacity) (*CapacityPlan, error) {
 		if t == nil {
 			return nil, fmt.Errorf("plan: %w within %d pods per pool", ErrInfeasible, c.MaxPods)
 		}
+		if t.Abandoned {
+			return nil, fmt.Errorf("plan: %w within %d pods per pool: every mix tried, up to %s, had over 1%% of requests past %v or failed",
+				ErrInfeasible, c.MaxPods, t.Label(), c.SLO)
+		}
 		return nil, fmt.Errorf("plan: %w within %d pods per pool: the closest, %s, had %.1f%% of requests within %v (%d failed)",
 			ErrInfeasible, c.MaxPods, t.Label(), 100*t.Attainment, c.SLO, t.Failed)
 	}
@@ -609,8 +613,15 @@ func (s *search) closest() *Trial {
 	defer s.mu.Unlock()
 	var out *Trial
 	for _, m := range s.trials {
-		if m.t != nil && m.t.result != nil && (out == nil || m.t.Attainment > out.Attainment) {
-			out = m.t
+		t := m.t
+		if t == nil || t.result == nil {
+			continue
+		}
+		// A replay that ran to the end says more than a stopped one, and
+		// among stopped ones the largest mix is the closest.
+		if out == nil || (out.Abandoned && !t.Abandoned) ||
+			(out.Abandoned == t.Abandoned && (t.Abandoned && t.Cost > out.Cost || !t.Abandoned && t.Attainment > out.Attainment)) {
+			out = t
 		}
 	}
 	return out

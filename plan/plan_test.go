@@ -38,7 +38,10 @@ func meets(t *testing.T, w *replay.Workload, f *sim.Fleet, scale float64, slo ti
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := replay.Run(w, pol, replay.Options{Fleet: f, RateScale: scale, Seed: 1})
+	// Stopping once over 1% of requests have missed cannot turn a miss
+	// into a pass, and spares replaying an overloaded fleet's backlog.
+	r, err := replay.Run(w, pol, replay.Options{Fleet: f, RateScale: scale, Seed: 1,
+		Deadline: slo, MissBudget: len(w.Records) / 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +56,7 @@ func meets(t *testing.T, w *replay.Workload, f *sim.Fleet, scale float64, slo ti
 // back from the fleet file it is written as and replayed afresh.
 func TestCapacityAzureMixed(t *testing.T) {
 	const slo = 2 * time.Second
-	w := azure(t, 6000, replay.LoadOptions{})
+	w := azure(t, 3000, replay.LoadOptions{})
 	pods := map[float64]int{}
 	for _, scale := range []float64{2, 4} {
 		inv := Invocation{Fleet: mixedFleet, SLO: slo, Seed: 1}
@@ -62,6 +65,8 @@ func TestCapacityAzureMixed(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Scale = scale
+		// The margin search is checked at 4× only, to keep the test cheap.
+		c.noMargin = scale != 4
 		p, err := PlanCapacity(w, c)
 		if err != nil {
 			t.Fatalf("×%v: %v", scale, err)
@@ -79,7 +84,7 @@ func TestCapacityAzureMixed(t *testing.T) {
 		if !ok || !p.Plan.Met {
 			t.Errorf("×%v: the plan %s misses the SLO (P99 %.0f ms)", scale, p.Plan.Label(), p99)
 		}
-		if p.Margin.Scale < scale {
+		if !c.noMargin && p.Margin.Scale < scale {
 			t.Errorf("×%v: margin ×%v is below the peak", scale, p.Margin.Scale)
 		}
 		// Minimal: one pod fewer in each planned pool misses.
@@ -119,7 +124,7 @@ func TestCapacityAzureMixed(t *testing.T) {
 func TestLoRAZipf(t *testing.T) {
 	var stdout bytes.Buffer
 	inv := Invocation{
-		Source:       Source{Trace: traces.Path(traces.Azure), PeakScale: 2},
+		Source:       Source{Trace: traces.Path(traces.Azure), Load: replay.LoadOptions{Limit: 10000}, PeakScale: 2},
 		Fleet:        "../deploy/examples/fleets/uniform-h100.yaml",
 		SLO:          2 * time.Second,
 		Seed:         1,
