@@ -370,7 +370,8 @@ func (s *search) replays() int {
 // so far) and the cheapest GPU's count bisected for each, bounded by its
 // count at the previous step (more of a faster GPU never needs more of
 // the others). With two GPUs this is the staircase walk along the
-// boundary between meeting and missing the SLO.
+// boundary between meeting and missing the SLO. When no GPU alone meets
+// the SLO within MaxPods, no mix is searched and the plan is infeasible.
 func PlanCapacity(w *replay.Workload, c Capacity) (*CapacityPlan, error) {
 	start := time.Now()
 	if err := c.defaults(); err != nil {
@@ -401,7 +402,9 @@ func PlanCapacity(w *replay.Workload, c Capacity) (*CapacityPlan, error) {
 			s.consider(zero)
 		}
 	}
-	if k > 1 {
+	// Mixes only when some GPU alone can meet the SLO: if MaxPods of each
+	// cannot, mixes of them are not searched (a bound, not a proof).
+	if k > 1 && s.best != nil {
 		if err := s.walk(0, make([]int, k), alone); err != nil {
 			return nil, err
 		}
