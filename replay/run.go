@@ -36,6 +36,14 @@ type Options struct {
 	// few hundred, and at the end). Compare and the searches run replays
 	// concurrently, so it must be safe for concurrent use.
 	Progress func(finished int)
+	// Deadline, when positive, ends the run early once more than
+	// MissBudget requests have failed or taken longer than Deadline to
+	// their first token: the run has then missed that TTFT objective
+	// whatever follows, and the rest of an overloaded replay is the
+	// slowest part of it. The Result is marked Abandoned and its figures
+	// cover only what finished. Searches set it; 0 replays everything.
+	Deadline   time.Duration
+	MissBudget int
 }
 
 func (o Options) withDefaults() Options {
@@ -81,6 +89,9 @@ type Result struct {
 	QueueSpreadMax int `json:"queue_spread_max"`
 	// Preemptions counts preemptions by recompute over the fleet.
 	Preemptions uint64 `json:"preemptions"`
+	// AdapterLoads counts LoRA adapter loads over the fleet (first loads
+	// and reloads after an eviction); left out when there are none.
+	AdapterLoads uint64 `json:"adapter_loads,omitempty"`
 	// GoodputRPS is set by the goodput search only: the offered request
 	// rate at the highest rate scale meeting the SLO (Goodput).
 	GoodputRPS *float64 `json:"goodput_rps,omitempty"`
@@ -94,6 +105,9 @@ type Result struct {
 	Served map[string]int `json:"-"`
 	// FailedBy counts failures by reason.
 	FailedBy map[string]int `json:"-"`
+	// Abandoned reports that the run stopped early, past Options'
+	// miss budget; its figures cover only the requests that finished.
+	Abandoned bool `json:"-"`
 	// Wall is how long the replay took on this machine.
 	Wall time.Duration `json:"-"`
 	// TTFTs are every completed request's TTFT, sorted (for the CDF plot).
@@ -174,6 +188,7 @@ func Run(w *Workload, p Policy, o Options) (*Result, error) {
 		first         = scaled(w.Records[0].Arrival, o.RateScale)
 		last          = first
 		sinceProgress int
+		misses        int
 	)
 	finish := func(o2 *sim.Outcome, err error, at time.Duration) {
 		last = max(last, at)
@@ -187,6 +202,12 @@ func Run(w *Workload, p Policy, o Options) (*Result, error) {
 		} else {
 			res.Failed++
 			res.FailedBy[failureReason(err)]++
+		}
+		if o.Deadline > 0 && (err != nil || o2.TTFT() > o.Deadline) {
+			if misses++; misses > o.MissBudget && !res.Abandoned {
+				res.Abandoned = true
+				e.Stop()
+			}
 		}
 		if sinceProgress++; o.Progress != nil && sinceProgress >= 256 {
 			o.Progress(sinceProgress)
@@ -229,7 +250,9 @@ func Run(w *Workload, p Policy, o Options) (*Result, error) {
 	}
 
 	for _, pod := range pods {
-		res.Preemptions += pod.Metrics().Preemptions
+		m := pod.Metrics()
+		res.Preemptions += m.Preemptions
+		res.AdapterLoads += m.AdapterLoads
 	}
 	if tried > 0 {
 		res.PrefixHitRatio = round(float64(cached)/float64(tried), 4)

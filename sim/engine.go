@@ -24,6 +24,7 @@ type Engine struct {
 	pending int // scheduled events that are not periodic
 	pods    []*Pod
 	seed    uint64
+	stopped bool
 }
 
 type event struct {
@@ -150,10 +151,16 @@ func (e *Engine) RunUntil(t time.Duration) {
 	}
 }
 
+// Stop makes Run and RunUntil return after the event being processed,
+// leaving the rest unprocessed; Run then fails the requests still in the
+// pods with ErrUnfinished. A replay that already knows its answer uses it
+// to skip the rest of the trace.
+func (e *Engine) Stop() { e.stopped = true }
+
 // run processes events in order: all due at or before limit if limit is
 // not negative, else until only periodic ones are left.
 func (e *Engine) run(limit time.Duration) {
-	for len(e.queue) > 0 {
+	for len(e.queue) > 0 && !e.stopped {
 		if limit < 0 && e.pending == 0 || limit >= 0 && e.queue[0].at > limit {
 			return
 		}

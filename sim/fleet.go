@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"strconv"
 	"time"
@@ -24,11 +25,17 @@ import (
 //	  profile: a10g
 //	  count: 4
 //	  overrides: {maxLoRAs: 8, adapterLoadTime: 60ms}
+//	prices: {h100: 6.88, a10g: 1.01}
 //
 // Unknown fields are errors.
 type Fleet struct {
 	// Pools are groups of identical pods.
 	Pools []FleetPool `json:"pools"`
+	// Prices is the cost of one pod of a GPU profile per hour, keyed by
+	// profile name, in whatever currency the operator pays in (only sums
+	// are compared). `meridian plan capacity` uses it to choose the
+	// cheapest mix of GPUs; the simulator and replays ignore it.
+	Prices map[string]float64 `json:"prices,omitempty"`
 }
 
 // FleetPool is Count identical pods.
@@ -125,6 +132,14 @@ func ParseFleet(b []byte) (*Fleet, error) {
 	}
 	if _, err := f.PodConfigs(); err != nil {
 		return nil, err
+	}
+	for name, price := range f.Prices {
+		if _, err := LookupProfile(name); err != nil {
+			return nil, fmt.Errorf("prices.%s: %w", name, err)
+		}
+		if !(price > 0) || math.IsInf(price, 0) {
+			return nil, fmt.Errorf("prices.%s: %v, want a price per pod-hour > 0", name, price)
+		}
 	}
 	return &f, nil
 }

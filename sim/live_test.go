@@ -361,7 +361,8 @@ func TestLiveMetrics(t *testing.T) {
 		hits.Metric[0].GetCounter().GetValue() == 0 || queries.Metric[0].GetCounter().GetValue() <= hits.Metric[0].GetCounter().GetValue() {
 		t.Errorf("prefix cache counters: hits %v queries %v", hits, queries)
 	}
-	for _, name := range []string{"vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds", "vllm:time_per_output_token_seconds"} {
+	for _, name := range []string{"vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds", "vllm:time_per_output_token_seconds",
+		"vllm:request_prompt_tokens", "vllm:request_generation_tokens"} {
 		f := fams[name]
 		if f == nil || f.GetType() != dto.MetricType_HISTOGRAM || f.Metric[0].GetHistogram().GetSampleCount() != 2 || label(f.Metric[0], "model_name") != testModel {
 			t.Errorf("%s = %v", name, f)

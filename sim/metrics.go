@@ -45,6 +45,21 @@ var (
 		1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}
 )
 
+// tokenBuckets are vLLM's 1-2-5 buckets up to the max model length
+// (build_1_2_5_buckets in vllm/v1/metrics/loggers.py).
+func tokenBuckets(maxLen int) []float64 {
+	var out []float64
+	for exp := 1.0; ; exp *= 10 {
+		for _, m := range []float64{1, 2, 5} {
+			if v := m * exp; v <= float64(maxLen) {
+				out = append(out, v)
+			} else {
+				return out
+			}
+		}
+	}
+}
+
 // podCollector exposes a live pod's state, read at scrape time, plus its
 // latency histograms.
 type podCollector struct {
@@ -55,6 +70,7 @@ type podCollector struct {
 	hits, queries, promptTokens, genTokens         *prometheus.Desc
 	preemptions, hitRate                           *prometheus.Desc
 	ttft, e2e, tpot                                *prometheus.HistogramVec
+	promptLen, outputLen                           *prometheus.HistogramVec
 	model                                          string
 }
 
@@ -104,7 +120,22 @@ func newPodCollector(lp *LivePod, names MetricNames, constLabels prometheus.Labe
 		Name: prefix + "time_per_output_token_seconds", Help: "Histogram of time per output token in seconds.",
 		Buckets: tpotBuckets, ConstLabels: constLabels,
 	}, model)
+	// Request lengths, as vLLM observes them for every finished request
+	// (vllm:request_prompt_tokens, vllm:request_generation_tokens):
+	// `meridian plan --from-prometheus` reads its length distributions
+	// and peak rate from them.
+	lenBuckets := tokenBuckets(lp.pod.cfg.Profile.MaxModelLen)
+	c.promptLen = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: prefix + "request_prompt_tokens", Help: "Number of prefill tokens processed.",
+		Buckets: lenBuckets, ConstLabels: constLabels,
+	}, model)
+	c.outputLen = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: prefix + "request_generation_tokens", Help: "Number of generation tokens processed.",
+		Buckets: lenBuckets, ConstLabels: constLabels,
+	}, model)
 	// Expose empty histograms from the start, as vLLM does.
+	c.promptLen.WithLabelValues(c.model)
+	c.outputLen.WithLabelValues(c.model)
 	c.ttft.WithLabelValues(c.model)
 	c.e2e.WithLabelValues(c.model)
 	c.tpot.WithLabelValues(c.model)
@@ -120,6 +151,8 @@ func (c *podCollector) observe(o *Outcome) {
 		c.ttft.WithLabelValues(c.model).Observe(ttft.Seconds())
 	}
 	c.e2e.WithLabelValues(c.model).Observe((o.Finish - o.Arrival).Seconds())
+	c.promptLen.WithLabelValues(c.model).Observe(float64(o.Request.PromptTokens))
+	c.outputLen.WithLabelValues(c.model).Observe(float64(o.OutputTokens))
 	if o.OutputTokens > 1 {
 		c.tpot.WithLabelValues(c.model).Observe((o.Finish - o.FirstToken).Seconds() / float64(o.OutputTokens-1))
 	}
@@ -135,6 +168,8 @@ func (c *podCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.ttft.Describe(ch)
 	c.e2e.Describe(ch)
 	c.tpot.Describe(ch)
+	c.promptLen.Describe(ch)
+	c.outputLen.Describe(ch)
 }
 
 func (c *podCollector) Collect(ch chan<- prometheus.Metric) {
@@ -172,4 +207,6 @@ func (c *podCollector) Collect(ch chan<- prometheus.Metric) {
 	c.ttft.Collect(ch)
 	c.e2e.Collect(ch)
 	c.tpot.Collect(ch)
+	c.promptLen.Collect(ch)
+	c.outputLen.Collect(ch)
 }

@@ -86,6 +86,7 @@ type podStats struct {
 	promptTokens         uint64 // prompt tokens computed (not cached)
 	generationTokens     uint64
 	preemptions          uint64
+	adapterLoads         uint64
 	requestsOK, failures uint64
 }
 
@@ -385,6 +386,7 @@ func (p *Pod) admit(now time.Duration, budget int) int {
 			}
 			p.resident[s.req.Adapter] = &loraSlot{}
 			p.loads++
+			p.stats.adapterLoads++
 		}
 		p.loraUse(now, s.req.Adapter)
 		p.waiting = slices.Delete(p.waiting, i, i+1)
@@ -661,6 +663,9 @@ type Metrics struct {
 	PromptTokens, GenerationTokens uint64
 	// Preemptions counts preemptions by recompute.
 	Preemptions uint64
+	// AdapterLoads counts LoRA adapters loaded into a slot (first loads
+	// and reloads after an eviction).
+	AdapterLoads uint64
 	// RequestsOK and Failures count finished requests by result.
 	RequestsOK, Failures uint64
 }
@@ -682,6 +687,7 @@ func (p *Pod) Metrics() Metrics {
 		PromptTokens:       p.stats.promptTokens,
 		GenerationTokens:   p.stats.generationTokens,
 		Preemptions:        p.stats.preemptions,
+		AdapterLoads:       p.stats.adapterLoads,
 		RequestsOK:         p.stats.requestsOK,
 		Failures:           p.stats.failures,
 	}
