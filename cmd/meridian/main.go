@@ -53,6 +53,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newVersionCmd(), newConfigCmd(), newDNSCmd())
+	root.AddCommand(newDiagnoseCmd())
 	for _, add := range extraCommands {
 		root.AddCommand(add())
 	}
