@@ -21,6 +21,7 @@ package hygiene
 
 import (
 	"bytes"
+	"encoding/binary"
 	"hash/maphash"
 	"sync"
 	"time"
@@ -148,7 +149,25 @@ func shingle(text []byte, at int) uint16 {
 		i = j
 	}
 	at += i + 1
-	return uint16(xxhash.Sum64(text[at:min(len(text), at+shingleLen)]))
+	return mix(text[at:min(len(text), at+shingleLen)])
+}
+
+// mix is a small multiply-xorshift hash of up to shingleLen bytes,
+// inlined where a call to a general hash would cost more than the bytes:
+// a shingle only has to tell content apart, not resist an adversary (a
+// tenant fooling it only hides its own report).
+func mix(b []byte) uint16 {
+	h := 0x9e3779b97f4a7c15 ^ uint64(len(b))
+	for len(b) >= 8 {
+		h = (h ^ binary.LittleEndian.Uint64(b)) * 0xbf58476d1ce4e5b9
+		h ^= h >> 31
+		b = b[8:]
+	}
+	for _, c := range b {
+		h = (h ^ uint64(c)) * 0x94d049bb133111eb
+	}
+	h ^= h >> 32
+	return uint16(h ^ h>>16)
 }
 
 // bucket is one slice of the sliding window.

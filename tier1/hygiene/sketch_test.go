@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -123,6 +124,64 @@ func TestScenarioRanksBreakingTenants(t *testing.T) {
 		if e.Tenant == "B" {
 			t.Errorf("B ranked %d: %+v", i, rep.Entries)
 		}
+	}
+}
+
+// TestWithoutSchedulerHashes: past the scheduler's hashes (or without
+// them) the sketch hashes blocks itself and reaches the same verdicts.
+func TestWithoutSchedulerHashes(t *testing.T) {
+	with, without := New(Config{}), New(Config{})
+	static := staticPrompt()
+	for i := range 20 {
+		now := t0.Add(time.Duration(i) * time.Second)
+		for _, s := range []*Sketch{with, without} {
+			a := chat(fmt.Sprintf("Current time: %d\n", 1000+i)+static, "hello")
+			b := chat(static+fmt.Sprintf("\nCurrent time: %d", 1000+i), "hello")
+			if s == with {
+				observe(s, "A", "m", a, now)
+				observe(s, "B", "m", b, now)
+			} else {
+				s.Observe("A", "m", a, nil, now)
+				s.Observe("B", "m", b, nil, now)
+			}
+		}
+	}
+	rw, rwo := with.Report(t0.Add(time.Minute), "", nil), without.Report(t0.Add(time.Minute), "", nil)
+	if len(rw.Entries) != 2 || fmt.Sprint(rw.Entries) != fmt.Sprint(rwo.Entries) || !rw.Entries[0].Breaking() || rw.Entries[1].Breaking() {
+		t.Fatalf("with hashes %+v\nwithout %+v", rw.Entries, rwo.Entries)
+	}
+}
+
+// TestConcurrentUse runs Observe, Report and Collect at once (under
+// -race in CI).
+func TestConcurrentUse(t *testing.T) {
+	s := New(Config{Samples: true, MaxKeys: 64})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s.Collector())
+	static := staticPrompt()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				observe(s, fmt.Sprintf("t%d", (g*7+i)%100), "m", chat(fmt.Sprintf("%d ", i)+static, "q"), t0.Add(time.Duration(i)*time.Millisecond))
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 20 {
+			s.Report(t0, "", nil)
+			if _, err := reg.Gather(); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	wg.Wait()
+	n := 0
+	for _, e := range s.Report(t0.Add(time.Second), "", nil).Entries {
+		n += int(e.Requests)
+	}
+	if n == 0 || n > 800 {
+		t.Fatalf("%d requests reported", n)
 	}
 }
 
