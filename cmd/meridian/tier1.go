@@ -92,8 +92,11 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 	if err != nil {
 		return nil, err
 	}
-	prompts := hygiene.New(hygiene.Config{Samples: f.promptSamples})
-	reg.MustRegister(prompts.Collector())
+	var prompts *hygiene.Sketch // read only through the metrics listener
+	if f.metrics != "" {
+		prompts = hygiene.New(hygiene.Config{Samples: f.promptSamples})
+		reg.MustRegister(prompts.Collector())
+	}
 	gcfg := gateway.Config{
 		Cluster:    f.cluster,
 		Replica:    f.replica,
