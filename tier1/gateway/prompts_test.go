@@ -63,7 +63,7 @@ func TestDecideFeedsPrompts(t *testing.T) {
 // TestPromptsAddNoAllocations pins the hook's allocations on the decision
 // path at zero: Decide allocates the same with and without a sketch.
 func TestPromptsAddNoAllocations(t *testing.T) {
-	if raceEnabled {
+	if promptsRaceEnabled {
 		t.Skip("the race detector makes sync.Pool drop items: allocation counts mean nothing under it")
 	}
 	bodies := stampedBodies(64)

@@ -2,4 +2,4 @@
 
 package gateway_test
 
-const raceEnabled = false
+const promptsRaceEnabled = false

@@ -1,7 +1,0 @@
-//go:build race
-
-package gateway_test
-
-// raceEnabled: the race detector makes sync.Pool drop items at random, so
-// allocation counts are meaningless under it.
-const raceEnabled = true
