@@ -2,6 +2,7 @@
 
 package gateway_test
 
-// promptsRaceEnabled (named for this file's tests, so it cannot clash with a package-wide one): the race detector makes sync.Pool drop items at random, so
-// allocation counts are meaningless under it.
+// promptsRaceEnabled: the race detector makes sync.Pool drop items at
+// random, so allocation counts are meaningless under it. (Named for the
+// prompt tests so that it cannot clash with a package-wide switch.)
 const promptsRaceEnabled = true
