@@ -139,3 +139,23 @@ func (m *latencyModel) observations() int64 {
 	}
 	return m.state.n
 }
+
+// PrefillSeconds prices tokens uncached prompt tokens with the latency
+// model: θ3·tokens/1000, θ3 averaged over eps' learned coefficients (the
+// prior's when eps is empty). It is what a prompt that missed the prefix
+// cache pays in time to first token, all else equal.
+func PrefillSeconds(eps []*Endpoint, tokens float64) float64 {
+	perK := latencyPrior[3]
+	if len(eps) > 0 {
+		perK = 0
+		for _, ep := range eps {
+			c := ep.latency.coef.Load()
+			if c == nil {
+				c = &latencyPrior
+			}
+			perK += c[3]
+		}
+		perK /= float64(len(eps))
+	}
+	return max(perK, 0) * tokens / 1000
+}

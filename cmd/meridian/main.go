@@ -54,6 +54,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(newVersionCmd(), newConfigCmd(), newDNSCmd())
 	root.AddCommand(newPlanCmd())
+	root.AddCommand(newDiagnoseCmd())
 	for _, add := range extraCommands {
 		root.AddCommand(add())
 	}

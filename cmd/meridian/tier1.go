@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/meridian-router/meridian/tier1/extproc"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/health"
+	"github.com/meridian-router/meridian/tier1/hygiene"
 	"github.com/meridian-router/meridian/tier1/peers"
 	"github.com/meridian-router/meridian/tier1/proxy"
 	"github.com/meridian-router/meridian/tier1/scrape"
@@ -40,6 +42,7 @@ type tier1Flags struct {
 	namespace      string
 	extproc        string   // ext_proc picker address (empty: off)
 	peers          []string // other replicas' --health addresses
+	promptSamples  bool     // keep redacted prompt samples for the hygiene report
 }
 
 func newTier1Cmd() *cobra.Command {
@@ -71,6 +74,7 @@ func newTier1Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.namespace, "namespace", "", "namespace whose pods to watch (default: the kubeconfig's, or this pod's)")
 	cmd.Flags().DurationVar(&f.scrapeInterval, "scrape-interval", 50*time.Millisecond, "how often each pod's metrics are polled")
 	cmd.Flags().DurationVar(&f.maxMetricsAge, "max-metrics-age", time.Second, "a pod whose last scrape is older is avoided (all stale: fail open)")
+	cmd.Flags().BoolVar(&f.promptSamples, "prompt-samples", false, "keep a short redacted sample of where each tenant's prompts diverge, for `meridian diagnose prompts` (prompt text leaves the process)")
 	return cmd
 }
 
@@ -88,6 +92,11 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 	if err != nil {
 		return nil, err
 	}
+	var prompts *hygiene.Sketch // read only through the metrics listener
+	if f.metrics != "" {
+		prompts = hygiene.New(hygiene.Config{Samples: f.promptSamples})
+		reg.MustRegister(prompts.Collector())
+	}
 	gcfg := gateway.Config{
 		Cluster:    f.cluster,
 		Replica:    f.replica,
@@ -95,6 +104,7 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 		Options:    tier1.Options{MaxMetricsAge: f.maxMetricsAge},
 		Registerer: reg,
 		Logger:     log,
+		Prompts:    prompts,
 	}
 	var exchange *peers.Exchange
 	if len(f.peers) > 0 {
@@ -134,7 +144,10 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 	}
 	inst.servers = append(inst.servers, px)
 	if f.metrics != "" {
-		ms, err := listen("tier1 metrics", f.metrics, metricsHandler(reg))
+		admin := http.NewServeMux()
+		admin.Handle("/", metricsHandler(reg))
+		admin.Handle(hygiene.Path, prompts.Handler(gw.PrefillSeconds))
+		ms, err := listen("tier1 metrics", f.metrics, admin)
 		if err != nil {
 			px.ln.Close()
 			src.close()

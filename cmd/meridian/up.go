@@ -227,7 +227,8 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 				return nil, err
 			}
 			t1, err := startTier1(ctx, tier1Flags{src: src.forComponent(c.Name), cluster: c.Name, replica: c.Name + "-0", listen: u.Host,
-				metrics: "127.0.0.1:0", health: c.Health, region: r.Name, scrapeInterval: 50 * time.Millisecond, maxMetricsAge: time.Second}, log)
+				metrics: "127.0.0.1:0", health: c.Health, region: r.Name, scrapeInterval: 50 * time.Millisecond, maxMetricsAge: time.Second,
+				promptSamples: true}, log) // a local platform carries your own prompts: show where they diverge
 			if err != nil {
 				cleanup()
 				return nil, fmt.Errorf("up: cluster %s: %w", c.Name, err)

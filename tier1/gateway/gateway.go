@@ -32,6 +32,7 @@ import (
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/discovery"
+	"github.com/meridian-router/meridian/tier1/hygiene"
 	"github.com/meridian-router/meridian/tier1/scrape"
 )
 
@@ -78,6 +79,9 @@ type Config struct {
 	// must not block and must copy nothing it keeps: ev.Hashes is owned by
 	// the callee.
 	OnDispatch func(pool string, ev tier1.PrefixEvent)
+	// Prompts, when set, sees every routed prompt to report where tenants'
+	// prompts break the prefix cache; nil means no report.
+	Prompts *hygiene.Sketch
 }
 
 // Gateway holds the live pools and the routing table of one cluster.
@@ -447,6 +451,7 @@ func (g *Gateway) decide(r *route, body *request.Body, meta Meta, target, adapte
 		return nil, request.Unavailable("no_endpoints", fmt.Sprintf(noEndpointsMessage, target))
 	}
 	d.Endpoints = eps
+	g.cfg.Prompts.Observe(d.Request.Tenant, cmp.Or(d.Adapter, d.Target), body, d.Request.Hashes, start)
 	return d, nil
 }
 

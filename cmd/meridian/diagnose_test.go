@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+
+	"github.com/meridian-router/meridian/tier1/hygiene"
+)
+
+// hygienePrompt is the static part of the test tenants' system prompt:
+// about 4 KB that never changes.
+func hygienePrompt() string {
+	var b strings.Builder
+	for i := 0; b.Len() < 4000; i++ {
+		fmt.Fprintf(&b, "Policy %d: answer politely, cite the section, never invent order numbers. ", i)
+	}
+	return b.String()
+}
+
+// reorderedTool is a tool schema whose keys a client library emits in a
+// different order on each call.
+func reorderedTool(call int) string {
+	kv := []string{`"name":"lookup_order"`, `"description":"Find an order by number; return status and items."`,
+		`"strict":true`, `"type":"function"`, `"parameters":{"type":"object","properties":{"order":{"type":"string"}}}`,
+		`"required":["order"]`, `"owner":"orders-team"`, `"version":"2024-06-01"`, `"timeout":30`, `"idempotent":true`}
+	var b strings.Builder
+	b.WriteString("Tools:\n{")
+	for i := range kv {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(kv[(i+call)%len(kv)])
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// TestDiagnosePromptsEndToEnd sends three tenants' prompts through the
+// local platform, for two models, and reads the ranking back with
+// `meridian diagnose prompts` from the Tier-1s' metrics listeners: A's
+// system prompt starts with a fresh timestamp, B's ends with it, C's
+// starts with a tool schema whose keys are reordered on each call.
+func TestDiagnosePromptsEndToEnd(t *testing.T) {
+	p := testPlatform(t)
+	ctx := context.Background()
+	static := hygienePrompt()
+	system := map[string]func(i int) string{
+		"prompt-a": func(int) string { return "Current time: " + time.Now().Format(time.RFC3339Nano) + "\n" + static },
+		"prompt-b": func(int) string { return static + "\nCurrent time: " + time.Now().Format(time.RFC3339Nano) },
+		"prompt-c": func(i int) string { return reorderedTool(i) + static },
+	}
+	models := []string{"chat-v1", "fast"} // chat-v1 is served by use1 only, fast by both clusters
+	const perTenantAndModel = 40
+	var wg sync.WaitGroup
+	errs := make(chan error, len(system)*len(models))
+	for tenant, sys := range system {
+		c := client(p, "us-east-1", mustToken(t, p, tenant))
+		for _, model := range models {
+			wg.Go(func() {
+				for i := range perTenantAndModel {
+					_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: model, MaxTokens: openai.Int(2),
+						Messages: []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(sys(i)), openai.UserMessage("Where is my order?")}})
+					if err != nil {
+						errs <- fmt.Errorf("%s %s request %d: %w", tenant, model, i, err)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	var args []string
+	var tier1Metrics []string
+	for _, m := range p.Metrics {
+		if m.Labels["job"] == "meridian-tier1" {
+			args = append(args, "--tier1", m.Addr)
+			tier1Metrics = append(tier1Metrics, m.Addr)
+		}
+	}
+	run := func(extra ...string) string {
+		t.Helper()
+		root := newRootCmd()
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetArgs(append(append([]string{"diagnose", "prompts"}, args...), extra...))
+		if err := root.ExecuteContext(ctx); err != nil {
+			t.Fatalf("diagnose prompts %v: %v", extra, err)
+		}
+		return out.String()
+	}
+	var rep hygiene.Report
+	if err := json.Unmarshal([]byte(run("--json")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	rank := map[string]int{}
+	for i, e := range rep.Entries {
+		if _, ok := system[e.Tenant]; !ok {
+			continue
+		}
+		rank[e.Tenant+"/"+e.Model] = i
+		t.Logf("%+v", e)
+		if e.Requests != perTenantAndModel {
+			t.Errorf("%s/%s: %d requests, want %d", e.Tenant, e.Model, e.Requests, perTenantAndModel)
+		}
+		switch e.Tenant {
+		case "prompt-a", "prompt-c":
+			if !e.Breaking() || e.DivergenceOffset != 0 {
+				t.Errorf("%s/%s: %+v, want breaking at block 0", e.Tenant, e.Model, e)
+			}
+			if 10*e.LostTokens <= 9*e.SharedTokens || e.LostPrefillSeconds <= 0 {
+				t.Errorf("%s/%s: lost %d of %d shared tokens (%.3fs), want > 90%%", e.Tenant, e.Model, e.LostTokens, e.SharedTokens, e.LostPrefillSeconds)
+			}
+		case "prompt-b":
+			if e.Breaking() || e.EarlyDivergences != 0 || e.SharedTokens == 0 {
+				t.Errorf("%s/%s: %+v, want healthy", e.Tenant, e.Model, e)
+			}
+		}
+	}
+	if len(rank) != len(system)*len(models) {
+		t.Fatalf("report %+v, want every tenant and model", rep.Entries)
+	}
+	for _, model := range models {
+		for _, bad := range []string{"prompt-a", "prompt-c"} {
+			for _, m := range models {
+				if rank[bad+"/"+m] > rank["prompt-b/"+model] {
+					t.Errorf("%s/%s ranked below prompt-b/%s", bad, m, model)
+				}
+			}
+		}
+	}
+	stamp := regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d`)
+	for _, e := range rep.Entries {
+		if e.Tenant == "prompt-a" && !stamp.MatchString(e.Sample) {
+			t.Errorf("A's sample %q does not show the timestamp", e.Sample)
+		}
+	}
+
+	// One tenant, as a table.
+	text := run("--tenant", "prompt-c")
+	if !strings.Contains(text, "prompt-c") || strings.Contains(text, "prompt-a") || !strings.Contains(text, "breaks cache") {
+		t.Errorf("table:\n%s", text)
+	}
+
+	// The counters are on the same listener.
+	resp, err := http.Get("http://" + tier1Metrics[0] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`meridian_prompt_early_divergence_total{model="chat-v1",tenant="prompt-a"}`,
+		`meridian_prompt_lost_prefill_tokens_total{model="chat-v1",tenant="prompt-c"}`} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("no %s in /metrics", want)
+		}
+	}
+	if bytes.Contains(body, []byte(`tenant="prompt-b"`)) {
+		t.Error("a healthy tenant exported")
+	}
+}
+
+func TestDiagnosePromptsNeedsTier1(t *testing.T) {
+	root := newRootCmd()
+	root.SetOut(io.Discard)
+	root.SetArgs([]string{"diagnose", "prompts"})
+	err := root.ExecuteContext(context.Background())
+	var ee *exitError
+	if err == nil || !strings.Contains(err.Error(), "--tier1") || !errors.As(err, &ee) || ee.code != 2 {
+		t.Fatalf("err %v", err)
+	}
+}

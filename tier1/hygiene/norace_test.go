@@ -1,0 +1,5 @@
+//go:build !race
+
+package hygiene
+
+const raceEnabled = false
