@@ -51,6 +51,7 @@ type report struct {
 	share    float64 // the fraction of the limit the instance holds
 	level    float64 // units in its bucket at the sync; negative is debt
 	released float64 // units released to the pool over the limit's life
+	fresh    float64 // of which released at the sync that produced this
 	seq      uint64  // the origin's sync that produced it
 }
 
@@ -70,7 +71,7 @@ type entry struct {
 
 const (
 	wireVersion = 3
-	reportSize  = 28 // hash u64, demand f32, share f32, level f32, released f64
+	reportSize  = 32 // hash u64, demand f32, share f32, level f32, released f64, fresh f32
 )
 
 var errPayload = errors.New("ratelimit: malformed exchange payload")
@@ -80,7 +81,7 @@ var errPayload = errors.New("ratelimit: malformed exchange payload")
 //	origin (uvarint length, bytes) · seq (uvarint) · age in ms (uvarint) ·
 //	flags (byte; 1 = leaving) · part (uvarint) · parts (uvarint) ·
 //	count (uvarint) · count × (hash u64le, demand f32le, share f32le,
-//	level f32le, released f64le)
+//	level f32le, released f64le, released at this sync f32le)
 func appendEntry(b []byte, e *entry) []byte {
 	b = binary.AppendUvarint(b, uint64(len(e.origin)))
 	b = append(b, e.origin...)
@@ -100,6 +101,7 @@ func appendEntry(b []byte, e *entry) []byte {
 		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.share)))
 		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.level)))
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(r.released))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.fresh)))
 	}
 	return b
 }
@@ -173,6 +175,7 @@ func decode(p []byte) ([]entry, error) {
 			sh := float64(math.Float32frombits(binary.LittleEndian.Uint32(p[12:])))
 			lv := float64(math.Float32frombits(binary.LittleEndian.Uint32(p[16:])))
 			rel := math.Float64frombits(binary.LittleEndian.Uint64(p[20:]))
+			fr := float64(math.Float32frombits(binary.LittleEndian.Uint32(p[28:])))
 			p = p[reportSize:]
 			if math.IsNaN(d) || math.IsInf(d, 0) || d < 0 {
 				return nil, fmt.Errorf("%w: demand %v", errPayload, d)
@@ -183,10 +186,10 @@ func decode(p []byte) ([]entry, error) {
 			if math.IsNaN(lv) || math.IsInf(lv, 0) {
 				return nil, fmt.Errorf("%w: level %v", errPayload, lv)
 			}
-			if math.IsNaN(rel) || math.IsInf(rel, 0) || rel < 0 {
-				return nil, fmt.Errorf("%w: released %v", errPayload, rel)
+			if math.IsNaN(rel) || math.IsInf(rel, 0) || rel < 0 || math.IsNaN(fr) || fr < 0 || fr > rel*(1+1e-6) {
+				return nil, fmt.Errorf("%w: released %v, %v of it now", errPayload, rel, fr)
 			}
-			e.limits[h] = report{demand: d, share: sh, level: lv, released: rel, seq: e.seq}
+			e.limits[h] = report{demand: d, share: sh, level: lv, released: rel, fresh: fr, seq: e.seq}
 		}
 		out = append(out, e)
 	}
@@ -266,7 +269,7 @@ func (l *Limiter) Merge(from string, payload []byte) {
 		}
 		if e.parts > 0 {
 			for h, r := range p.limits {
-				if h%e.parts == e.part && r.seq < e.seq {
+				if _, ok := e.limits[h]; !ok && h%e.parts == e.part && r.seq < e.seq {
 					delete(p.limits, h)
 					delete(p.taken, h)
 				}
@@ -329,7 +332,7 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 		dt = now.Sub(l.lastSync).Seconds()
 	}
 	l.lastSync = now
-	alpha := 1 - math.Exp(-dt/l.cfg.DemandTimeConstant.Seconds())
+	tau := l.cfg.DemandTimeConstant.Seconds()
 
 	// Fold the demand measured since the last sync, under each tenant's
 	// lock. Only Sync writes lim.demand, and updateMu serialises Syncs.
@@ -338,7 +341,11 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 		t.mu.Lock()
 		for _, lim := range t.all {
 			sample := lim.pending / dt
-			lim.pending = 0
+			lim.sample, lim.pending, lim.prevDemand = sample, 0, lim.demand
+			// The average spans at least demandArrivals arrivals at the
+			// limit's rate: a tenant allowed one request a second would
+			// otherwise see its shares swing with every arrival.
+			alpha := 1 - math.Exp(-dt/math.Max(tau, demandArrivals/lim.perSec))
 			lim.demand = math.Max(0, lim.demand+alpha*(sample-lim.demand))
 			lims = append(lims, lim)
 		}
@@ -369,6 +376,7 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 	shares := make([]float64, len(lims))
 	others := make([]float64, len(lims)) // the peers' levels, for the headers
 	takeUp := make([]float64, len(lims)) // units released by peers that are ours
+	dry := make([]bool, len(lims))       // a fresh peer has run dry and wants more
 	for i, lim := range lims {
 		if warming {
 			shares[i] = l.cfg.InitialShare
@@ -395,14 +403,19 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 		}
 		heldShare = math.Min(heldShare, 1-l.cfg.MinShare)
 		shares[i] = (1 - heldShare) * self / weights
+		// A peer that does not report the limit is idle and full at the
+		// floor's share of the view it had: this instance's demand as
+		// last reported, not as just folded.
+		idleShare := (1 - heldShare) * floor / (weights - self + math.Max(lim.prevDemand, floor))
 		for _, p := range fresh {
 			r, ok := p.limits[lim.hash]
-			if !ok { // idle there: full at the floor's share
-				others[i] += (1 - heldShare) * floor / weights * lim.burst
+			if !ok {
+				others[i] += idleShare * lim.burst
 				continue
 			}
 			age := math.Max(now.Sub(p.heard).Seconds(), 0)
 			others[i] += math.Min(r.level+r.share*lim.perSec*age, r.share*lim.burst)
+			dry[i] = dry[i] || (r.level < 0.1*r.share*lim.burst && r.demand > r.share*lim.perSec)
 		}
 		takeUp[i] = l.takeUp(lim, shares[i], fresh, held, gone)
 	}
@@ -419,22 +432,44 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 			size := lim.burst * share
 			lim.share = share
 			lim.b.advance(ns)
-			lim.b.rate, lim.b.burst = lim.perSec*share, size
 			if lim.fresh {
-				lim.b.level = math.Max(lim.b.level, size)
+				// Until its share is known from the peers, a new limit's
+				// slice is a guess: it keeps what it spent (its deficit
+				// from full) and otherwise starts full at the new size.
+				lim.b.level = size - (lim.b.burst - lim.b.level)
+				lim.fresh = warming
 			}
-			lim.b.level = math.Min(lim.b.level+takeUp[i], math.Max(lim.b.level, size))
-			if l.leaving {
-				size = 0 // hand everything back
+			lim.b.rate, lim.b.burst = lim.perSec*share, size
+			// Units taken up may lift the level above the size: they are
+			// spent first, and what is left at the next sync is released
+			// again. A full bucket takes nothing (one global bucket would
+			// be full too).
+			if lim.b.level < size {
+				lim.b.level += takeUp[i]
 			}
-			if lim.b.level > size {
-				lim.released += lim.b.level - size
-				lim.b.level = size
+			keep := size
+			switch {
+			case l.leaving:
+				keep = 0 // hand everything back
+			case dry[i] && lim.sample < lim.b.rate:
+				// A peer has run dry while this instance used less than
+				// its refill over the last interval (its demand fell, or
+				// it is idle): keep what two intervals at that pace need,
+				// and at least its last request's worth, and release the
+				// rest, as one global bucket would have served the peer's
+				// requests from it.
+				keep = math.Min(size, math.Max(2*lim.sample*dt, lim.lastUnits))
+			}
+			var freed float64
+			if lim.b.level > keep {
+				freed = lim.b.level - keep
+				lim.released += freed
+				lim.b.level = keep
 			}
 			lim.others = others[i]
 			lim.shareG.Set(share)
 			if lim.demand > 1e-9 || lim.b.level < lim.b.burst || lim.released != lim.reportedRel || l.leaving {
-				own.limits[lim.hash] = report{demand: lim.demand, share: share, level: lim.b.level, released: lim.released}
+				own.limits[lim.hash] = report{demand: lim.demand, share: share, level: lim.b.level, released: lim.released, fresh: freed}
 				lim.reportedRel = lim.released
 			}
 			i++
@@ -456,9 +491,8 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 
 // takeUp returns the units of lim that peers released since this instance
 // last looked and that are this instance's to take: each release is
-// divided among every other live instance whose bucket is not full, in
-// proportion to their shares, this instance counted with its new share.
-// Caller holds viewMu.
+// divided among every other live instance in proportion to their shares,
+// this instance counted with its new share. Caller holds viewMu.
 func (l *Limiter) takeUp(lim *limit, share float64, fresh, held, gone []*peer) float64 {
 	var got float64
 	from := func(src *peer) {
@@ -469,14 +503,23 @@ func (l *Limiter) takeUp(lim *limit, share float64, fresh, held, gone []*peer) f
 		taken, seen := src.taken[lim.hash]
 		src.taken[lim.hash] = r.released
 		d := r.released - taken
-		if !seen || d <= 0 { // first report of it, or the peer restarted
+		switch {
+		case !seen: // the first report of it since it was idle: what it just released
+			d = r.fresh
+		case d < 0: // the peer restarted
 			return
 		}
+		if d <= 0 {
+			return
+		}
+		// Every instance but the source counts, full or not, so that the
+		// parts add to at most one when the views agree (a full bucket
+		// drops its part: one global bucket would be full too).
 		weights := share
 		for _, group := range [][]*peer{fresh, held} {
 			for _, p := range group {
-				if o, ok := p.limits[lim.hash]; ok && p != src && o.level < o.share*lim.burst {
-					weights += o.share
+				if p != src {
+					weights += p.limits[lim.hash].share
 				}
 			}
 		}
@@ -491,6 +534,11 @@ func (l *Limiter) takeUp(lim *limit, share float64, fresh, held, gone []*peer) f
 	}
 	return got
 }
+
+// demandArrivals is the fewest arrivals, at a limit's rate, that its
+// demand average spans: the time constant is at least this many times the
+// interval between two units at the limit's rate.
+const demandArrivals = 5
 
 // split encodes e in as few parts as fit MaxPayload each (as payloads of
 // one entry). With no MaxPayload, or when everything fits, it is one part.

@@ -216,15 +216,24 @@ type limit struct {
 
 	share float64 // this instance's fraction of the limit
 	b     bucket
-	// fresh is true until the first admission: a limit nobody has drawn on
-	// here has its slice of the burst full whatever its share grows to.
+	// fresh is true until the first sync that divides the limit from the
+	// peers' reports: until then the share is a guess, and the slice is
+	// resized keeping only what was spent from it, so a new limit or
+	// instance starts with the burst available.
 	fresh bool
 	// shadow is the whole global limit as if this instance held it alone.
 	// Demand counts the units it would admit, so refused retries beyond
 	// the limit's rate claim no share.
 	shadow  bucket
 	pending float64 // units the shadow admitted since the last sync
-	demand  float64 // EWMA of pending per second
+	sample  float64 // pending per second over the last sync interval
+	// lastUnits is the size of the last request decided: what a bucket
+	// that gives its surplus away keeps to serve the next one.
+	lastUnits float64
+	demand    float64 // EWMA of pending per second
+	// prevDemand is demand before the last fold: what the peers last
+	// heard (or, unreported, about zero).
+	prevDemand float64
 	// others is what the peers' buckets held at the last sync, as they
 	// reported it (advanced by their refill): with b.level, the global
 	// level the headers report.
@@ -486,6 +495,7 @@ func (l *Limiter) AllowAt(now time.Time, r Request) Decision {
 	var rejected *limit
 	for _, lim := range set[:n] {
 		units := lim.units(est)
+		lim.lastUnits = units
 		lim.b.advance(ns)
 		lim.shadow.advance(ns)
 		if lim.shadow.fits(units) {
@@ -507,7 +517,6 @@ func (l *Limiter) AllowAt(now time.Time, r Request) Decision {
 		d.Ticket.t, d.Ticket.estimate = t, est
 		nt := 0
 		for _, lim := range set[:n] {
-			lim.fresh = false
 			if lim.kind == tokens {
 				lim.b.level -= est
 				d.Ticket.lims[nt] = lim
