@@ -70,7 +70,7 @@ type Config struct {
 	// MaxPayload is the largest payload, in bytes, that the transport
 	// takes in one broadcast (gossip.Node.MaxPayload). A report that does
 	// not fit is split into parts, each sent on its own; each active limit
-	// costs 16 bytes. Zero means no limit: one payload per sync.
+	// costs 32 bytes. Zero means no limit: one payload per sync.
 	MaxPayload int
 
 	// Now is the clock. Nil means time.Now. Tests inject a fake clock.

@@ -24,8 +24,9 @@ import (
 //
 // The burst moves with the shares: an instance whose slice shrinks below
 // its level releases the excess (a cumulative counter in its report), and
-// every other instance whose bucket is not full takes up the increase in
-// proportion to its share. Released units are never spent by the
+// every other instance takes up its part of the increase, in proportion to
+// its share (a full bucket drops its part). An instance that uses less than
+// its refill while a peer has run dry releases its surplus the same way. Released units are never spent by the
 // releaser, so they are spent at most once as long as the receivers agree
 // on the shares; a report that is lost only delays them.
 //
@@ -51,7 +52,7 @@ type report struct {
 	share    float64 // the fraction of the limit the instance holds
 	level    float64 // units in its bucket at the sync; negative is debt
 	released float64 // units released to the pool over the limit's life
-	fresh    float64 // of which released at the sync that produced this
+	recent   float64 // of which released at the sync that produced this
 	seq      uint64  // the origin's sync that produced it
 }
 
@@ -71,7 +72,7 @@ type entry struct {
 
 const (
 	wireVersion = 3
-	reportSize  = 32 // hash u64, demand f32, share f32, level f32, released f64, fresh f32
+	reportSize  = 32 // hash u64, demand f32, share f32, level f32, released f64, recent f32
 )
 
 var errPayload = errors.New("ratelimit: malformed exchange payload")
@@ -101,7 +102,7 @@ func appendEntry(b []byte, e *entry) []byte {
 		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.share)))
 		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.level)))
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(r.released))
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.fresh)))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.recent)))
 	}
 	return b
 }
@@ -189,7 +190,7 @@ func decode(p []byte) ([]entry, error) {
 			if math.IsNaN(rel) || math.IsInf(rel, 0) || rel < 0 || math.IsNaN(fr) || fr < 0 || fr > rel*(1+1e-6) {
 				return nil, fmt.Errorf("%w: released %v, %v of it now", errPayload, rel, fr)
 			}
-			e.limits[h] = report{demand: d, share: sh, level: lv, released: rel, fresh: fr, seq: e.seq}
+			e.limits[h] = report{demand: d, share: sh, level: lv, released: rel, recent: fr, seq: e.seq}
 		}
 		out = append(out, e)
 	}
@@ -417,7 +418,11 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 			others[i] += math.Min(r.level+r.share*lim.perSec*age, r.share*lim.burst)
 			dry[i] = dry[i] || (r.level < 0.1*r.share*lim.burst && r.demand > r.share*lim.perSec)
 		}
-		takeUp[i] = l.takeUp(lim, shares[i], fresh, held, gone)
+		// Parts of a release are weighed by the shares as last reported,
+		// this instance's too: the vector every taker holds, so the parts
+		// add to one even while the shares move. (Only Sync and Update
+		// write lim.share, and updateMu serialises them.)
+		takeUp[i] = l.takeUp(lim, lim.share, fresh, held, gone)
 	}
 	l.viewMu.Unlock()
 
@@ -469,7 +474,7 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 			lim.others = others[i]
 			lim.shareG.Set(share)
 			if lim.demand > 1e-9 || lim.b.level < lim.b.burst || lim.released != lim.reportedRel || l.leaving {
-				own.limits[lim.hash] = report{demand: lim.demand, share: share, level: lim.b.level, released: lim.released, fresh: freed}
+				own.limits[lim.hash] = report{demand: lim.demand, share: share, level: lim.b.level, released: lim.released, recent: freed}
 				lim.reportedRel = lim.released
 			}
 			i++
@@ -491,8 +496,8 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 
 // takeUp returns the units of lim that peers released since this instance
 // last looked and that are this instance's to take: each release is
-// divided among every other live instance in proportion to their shares,
-// this instance counted with its new share. Caller holds viewMu.
+// divided among every other live instance in proportion to their shares
+// as reported, this instance's share being share. Caller holds viewMu.
 func (l *Limiter) takeUp(lim *limit, share float64, fresh, held, gone []*peer) float64 {
 	var got float64
 	from := func(src *peer) {
@@ -505,7 +510,7 @@ func (l *Limiter) takeUp(lim *limit, share float64, fresh, held, gone []*peer) f
 		d := r.released - taken
 		switch {
 		case !seen: // the first report of it since it was idle: what it just released
-			d = r.fresh
+			d = r.recent
 		case d < 0: // the peer restarted
 			return
 		}

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"encoding/binary"
 	"errors"
 	"math"
 	"strconv"
@@ -522,13 +523,16 @@ func TestMalformedPayloads(t *testing.T) {
 	l := alone(t, c, benchTenants())
 	good := l.LocalState()
 	cases := map[string][]byte{
-		"empty":         nil,
-		"wrong version": {9, 0},
-		"truncated":     good[:len(good)-3],
-		"trailing":      append(append([]byte{}, good...), 1),
-		"huge count":    {wireVersion, 0xff, 0xff, 0x03},
-		"nan demand":    append([]byte{wireVersion, 1, 1, 'x', 1, 0, 0, 1}, append(make([]byte, 8), 0, 0, 0xc0, 0x7f, 0, 0, 0, 0)...),
-		"share above 1": append([]byte{wireVersion, 1, 1, 'x', 1, 0, 0, 1}, append(make([]byte, 8), 0, 0, 0, 0, 0, 0, 0, 0x40)...),
+		"empty":              nil,
+		"wrong version":      {9, 0},
+		"truncated":          good[:len(good)-3],
+		"trailing":           append(append([]byte{}, good...), 1),
+		"huge count":         {wireVersion, 0xff, 0xff, 0x03},
+		"nan demand":         oneReport(0, 0x7fc00000, 0, 0, 0, 0),
+		"share above 1":      oneReport(0, 0, 0x40000000, 0, 0, 0),
+		"infinite level":     oneReport(0, 0, 0, 0x7f800000, 0, 0),
+		"negative total":     oneReport(0, 0, 0, 0, math.Float64bits(-1), 0),
+		"more now than ever": oneReport(0, 0, 0, 0, math.Float64bits(1), 0x40000000),
 	}
 	for name, p := range cases {
 		l.Merge("peer", p)
@@ -542,6 +546,18 @@ func TestMalformedPayloads(t *testing.T) {
 	}
 }
 
+// oneReport is a payload with one entry from "x" holding one limit's
+// report with these raw fields.
+func oneReport(hash uint64, demand, share, level uint32, released uint64, now uint32) []byte {
+	b := []byte{wireVersion, 1, 1, 'x', 1, 0, 0, 0, 1, 1}
+	b = binary.LittleEndian.AppendUint64(b, hash)
+	for _, v := range []uint32{demand, share, level} {
+		b = binary.LittleEndian.AppendUint32(b, v)
+	}
+	b = binary.LittleEndian.AppendUint64(b, released)
+	return binary.LittleEndian.AppendUint32(b, now)
+}
+
 func FuzzMerge(f *testing.F) {
 	c := &clock{now: epoch}
 	cfg := DefaultConfig("fuzz")
@@ -552,6 +568,7 @@ func FuzzMerge(f *testing.F) {
 	}
 	f.Add(l.LocalState())
 	f.Add([]byte{wireVersion, 1, 1, 'x', 1, 0, 0, 0})
+	f.Add(oneReport(7, 0x3f800000, 0x3f000000, 0x41200000, math.Float64bits(5), 0x3f800000))
 	f.Fuzz(func(t *testing.T, p []byte) {
 		l.Merge("fuzz", p) // must not panic
 		l.Sync()
@@ -725,5 +742,14 @@ func TestNewLimitStartsFull(t *testing.T) {
 	}
 	if math.Abs(total-4_000_000) > 1 {
 		t.Fatalf("the two slices hold %.0f, want the burst, 4000000", total)
+	}
+}
+
+func TestWellFormedReportMerges(t *testing.T) {
+	c := &clock{now: epoch}
+	l := alone(t, c, benchTenants())
+	l.Merge("x", oneReport(7, 0x3f800000, 0x3f000000, 0x41200000, math.Float64bits(5), 0x3f800000))
+	if l.mergeErr != nil || l.peers["x"].limits[7].released != 5 || l.peers["x"].limits[7].recent != 1 {
+		t.Fatalf("merge error %v, peers %+v", l.mergeErr, l.peers["x"])
 	}
 }
