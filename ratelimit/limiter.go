@@ -427,14 +427,18 @@ func (lim *limit) setRate(r config.Rate) {
 	lim.shadow.resize(lim.perSec, lim.burst)
 }
 
-// quota describes the limit for headers: the global level this instance
-// knows of, capped at the burst, and the time the global rate takes to
-// fill the rest.
-func (lim *limit) quota() Quota {
-	global := math.Min(lim.b.level+lim.others, lim.burst)
-	q := Quota{Limit: lim.rate.Limit, Reset: rateDuration(lim.burst-math.Max(global, 0), lim.perSec)}
-	if global > 0 {
-		q.Remaining = int64(global)
+// global is the level of the whole limit this instance knows of: its own
+// bucket and its peers' as of the last sync, capped at the burst.
+func (lim *limit) global() float64 {
+	return math.Min(lim.b.level+lim.others, lim.burst)
+}
+
+// quota describes the limit for headers with left units remaining
+// globally: the time the global rate takes to fill the rest is the reset.
+func (lim *limit) quota(left float64) Quota {
+	q := Quota{Limit: lim.rate.Limit, Reset: rateDuration(lim.burst-math.Max(lim.global(), 0), lim.perSec)}
+	if left > 0 {
+		q.Remaining = int64(left)
 	}
 	return q
 }
@@ -531,18 +535,24 @@ func (l *Limiter) AllowAt(now time.Time, r Request) Decision {
 	} else {
 		d.Reason = rejected.reason
 	}
+	// The headers describe, per kind, the limit with the least left; a
+	// limit that refused the request has nothing the caller can use.
+	var least [2]*limit
+	var left [2]float64
 	for _, lim := range set[:n] {
-		q := lim.quota()
+		g := lim.global()
 		if !d.Allowed && !lim.b.fits(lim.units(est)) {
-			q.Remaining = 0 // nothing the caller can use until RetryAfter
+			g = 0
 		}
-		p := &d.Requests
-		if lim.kind == tokens {
-			p = &d.Tokens
+		if least[lim.kind] == nil || g < left[lim.kind] {
+			least[lim.kind], left[lim.kind] = lim, g
 		}
-		if p.Limit == 0 || q.Remaining < p.Remaining {
-			*p = q
-		}
+	}
+	if lim := least[requests]; lim != nil {
+		d.Requests = lim.quota(left[requests])
+	}
+	if lim := least[tokens]; lim != nil {
+		d.Tokens = lim.quota(left[tokens])
 	}
 	t.mu.Unlock()
 
