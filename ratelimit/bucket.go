@@ -31,9 +31,9 @@ func (b *bucket) advance(now int64) {
 	if now <= b.last {
 		return
 	}
-	b.level += b.rate * float64(now-b.last) / 1e9
-	if b.level > b.burst {
-		b.level = b.burst
+	// Refill stops at burst; units taken up from peers above it stay.
+	if b.level < b.burst {
+		b.level = math.Min(b.level+b.rate*float64(now-b.last)/1e9, b.burst)
 	}
 	b.last = now
 }

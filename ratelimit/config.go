@@ -48,16 +48,6 @@ type Config struct {
 	// means 1s.
 	StaleAfter time.Duration
 
-	// SaturatedBurst caps the burst while a limit's total demand exceeds
-	// it: each instance's bucket then holds at most its share of
-	// SaturatedBurst × rate instead of its share of the configured burst.
-	// A single global bucket under such demand would be empty; without the
-	// cap, an instance whose demand just fell saves up the share it has not
-	// yet given back and spends it later on top of the limit. Shorter
-	// tightens that transient; too short wastes capacity to arrival jitter
-	// when demand is barely above the limit. Zero means 250ms.
-	SaturatedBurst time.Duration
-
 	// MinShare is the weight floor, as a fraction of the limit's rate,
 	// that every live instance is counted with when shares are divided:
 	// an instance with no demand still holds about MinShare of the limit,
@@ -80,7 +70,7 @@ type Config struct {
 	// MaxPayload is the largest payload, in bytes, that the transport
 	// takes in one broadcast (gossip.Node.MaxPayload). A report that does
 	// not fit is split into parts, each sent on its own; each active limit
-	// costs 16 bytes. Zero means no limit: one payload per sync.
+	// costs 32 bytes. Zero means no limit: one payload per sync.
 	MaxPayload int
 
 	// Now is the clock. Nil means time.Now. Tests inject a fake clock.
@@ -99,7 +89,6 @@ func DefaultConfig(instance string) Config {
 		DemandTimeConstant: 300 * time.Millisecond,
 		PeerTimeout:        30 * time.Second,
 		StaleAfter:         time.Second,
-		SaturatedBurst:     250 * time.Millisecond,
 		MinShare:           0.002,
 		InitialShare:       0.05,
 		Warmup:             2 * time.Second,
@@ -125,9 +114,6 @@ func (c Config) withDefaults() (Config, error) {
 	if c.StaleAfter == 0 {
 		c.StaleAfter = d.StaleAfter
 	}
-	if c.SaturatedBurst == 0 {
-		c.SaturatedBurst = d.SaturatedBurst
-	}
 	if c.MinShare == 0 {
 		c.MinShare = d.MinShare
 	}
@@ -149,8 +135,6 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("ratelimit: config: peerTimeout: %v is negative", c.PeerTimeout)
 	case c.StaleAfter < 0:
 		return c, fmt.Errorf("ratelimit: config: staleAfter: %v is negative", c.StaleAfter)
-	case c.SaturatedBurst < 0:
-		return c, fmt.Errorf("ratelimit: config: saturatedBurst: %v is negative", c.SaturatedBurst)
 	case c.MaxPayload < 0:
 		return c, fmt.Errorf("ratelimit: config: maxPayload: %d is negative", c.MaxPayload)
 	case c.MaxPayload > 0 && c.MaxPayload < 64+len(c.Instance):

@@ -8,6 +8,9 @@
 // Limiter.LocalState: the shape of a gossip channel) and every instance
 // resizes its share to its fraction of the total demand, so capacity flows
 // to wherever traffic is, and the sum of the shares stays at one limit.
+// The burst moves with the shares: units a shrinking slice no longer holds
+// are released to the peers, so an idle tenant has its whole burst
+// available however its traffic is spread.
 // Token limits are charged an estimate at admission and reconciled with
 // real usage by Limiter.Settle.
 //

@@ -12,13 +12,23 @@ import (
 	"time"
 )
 
-// The exchange. Every SyncInterval each instance folds the units attempted
-// against each limit into a demand estimate (units per second), sets its
-// share of each limit to its demand over the sum of every live instance's
-// demand (each counted at least MinShare of the limit), and gossips both
-// the estimates and the shares it took. Local buckets refill at share ×
-// rate. When all instances see the same estimates the shares sum to
-// exactly 1. A peer that falls silent keeps the share it last reported.
+// The exchange. Every SyncInterval each instance folds the units it would
+// admit against each limit (were it alone with the whole limit) into a
+// demand estimate (units per second), sets its share of each limit to its
+// demand over the sum of every live instance's demand (each counted at
+// least MinShare of the limit), and gossips the estimates, the shares it
+// took, its buckets' levels and how many units it has released. Local
+// buckets refill at share × rate and hold share × burst. When all
+// instances see the same estimates the shares sum to exactly 1. A peer
+// that falls silent keeps the share it last reported.
+//
+// The burst moves with the shares: an instance whose slice shrinks below
+// its level releases the excess (a cumulative counter in its report), and
+// every other instance takes up its part of the increase, in proportion to
+// its share (a full bucket drops its part). An instance that uses less than
+// its refill while a peer has run dry releases its surplus the same way. Released units are never spent by the
+// releaser, so they are spent at most once as long as the receivers agree
+// on the shares; a report that is lost only delays them.
 //
 // The Limiter speaks the shape of a gossip channel: LocalState for
 // push/pull (every entry this instance knows, so state spreads through any
@@ -31,13 +41,19 @@ type peer struct {
 	heard   time.Time // when the origin produced it, on our clock
 	leaving bool
 	limits  map[uint64]report // limit hash → the peer's demand and share
+	// taken is, per limit, the peer's released counter as of the last
+	// time this instance took up its part of it.
+	taken map[uint64]float64
 }
 
 // report is one instance's state for one limit.
 type report struct {
-	demand float64 // units per second, smoothed
-	share  float64 // the fraction of the limit the instance holds
-	seq    uint64  // the origin's sync that produced it
+	demand   float64 // units per second, smoothed
+	share    float64 // the fraction of the limit the instance holds
+	level    float64 // units in its bucket at the sync; negative is debt
+	released float64 // units released to the pool over the limit's life
+	recent   float64 // of which released at the sync that produced this
+	seq      uint64  // the origin's sync that produced it
 }
 
 // entry is one origin's report on the wire. An instance's report may be
@@ -55,8 +71,8 @@ type entry struct {
 }
 
 const (
-	wireVersion = 2
-	reportSize  = 16 // hash u64, demand f32, share f32
+	wireVersion = 3
+	reportSize  = 32 // hash u64, demand f32, share f32, level f32, released f64, recent f32
 )
 
 var errPayload = errors.New("ratelimit: malformed exchange payload")
@@ -65,7 +81,8 @@ var errPayload = errors.New("ratelimit: malformed exchange payload")
 //
 //	origin (uvarint length, bytes) · seq (uvarint) · age in ms (uvarint) ·
 //	flags (byte; 1 = leaving) · part (uvarint) · parts (uvarint) ·
-//	count (uvarint) · count × (hash u64le, demand f32le, share f32le)
+//	count (uvarint) · count × (hash u64le, demand f32le, share f32le,
+//	level f32le, released f64le, released at this sync f32le)
 func appendEntry(b []byte, e *entry) []byte {
 	b = binary.AppendUvarint(b, uint64(len(e.origin)))
 	b = append(b, e.origin...)
@@ -83,6 +100,9 @@ func appendEntry(b []byte, e *entry) []byte {
 		b = binary.LittleEndian.AppendUint64(b, h)
 		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.demand)))
 		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.share)))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.level)))
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(r.released))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(r.recent)))
 	}
 	return b
 }
@@ -154,6 +174,9 @@ func decode(p []byte) ([]entry, error) {
 			h := binary.LittleEndian.Uint64(p)
 			d := float64(math.Float32frombits(binary.LittleEndian.Uint32(p[8:])))
 			sh := float64(math.Float32frombits(binary.LittleEndian.Uint32(p[12:])))
+			lv := float64(math.Float32frombits(binary.LittleEndian.Uint32(p[16:])))
+			rel := math.Float64frombits(binary.LittleEndian.Uint64(p[20:]))
+			fr := float64(math.Float32frombits(binary.LittleEndian.Uint32(p[28:])))
 			p = p[reportSize:]
 			if math.IsNaN(d) || math.IsInf(d, 0) || d < 0 {
 				return nil, fmt.Errorf("%w: demand %v", errPayload, d)
@@ -161,7 +184,13 @@ func decode(p []byte) ([]entry, error) {
 			if math.IsNaN(sh) || sh < 0 || sh > 1 {
 				return nil, fmt.Errorf("%w: share %v", errPayload, sh)
 			}
-			e.limits[h] = report{demand: d, share: sh, seq: e.seq}
+			if math.IsNaN(lv) || math.IsInf(lv, 0) {
+				return nil, fmt.Errorf("%w: level %v", errPayload, lv)
+			}
+			if math.IsNaN(rel) || math.IsInf(rel, 0) || rel < 0 || math.IsNaN(fr) || fr < 0 || fr > rel*(1+1e-6) {
+				return nil, fmt.Errorf("%w: released %v, %v of it now", errPayload, rel, fr)
+			}
+			e.limits[h] = report{demand: d, share: sh, level: lv, released: rel, recent: fr, seq: e.seq}
 		}
 		out = append(out, e)
 	}
@@ -233,7 +262,7 @@ func (l *Limiter) Merge(from string, payload []byte) {
 		}
 		p := l.peers[e.origin]
 		if p == nil {
-			p = &peer{limits: map[uint64]report{}}
+			p = &peer{limits: map[uint64]report{}, taken: map[uint64]float64{}}
 			l.peers[e.origin] = p
 		}
 		if e.seq > p.seq {
@@ -241,8 +270,9 @@ func (l *Limiter) Merge(from string, payload []byte) {
 		}
 		if e.parts > 0 {
 			for h, r := range p.limits {
-				if h%e.parts == e.part && r.seq < e.seq {
+				if _, ok := e.limits[h]; !ok && h%e.parts == e.part && r.seq < e.seq {
 					delete(p.limits, h)
+					delete(p.taken, h)
 				}
 			}
 		}
@@ -303,7 +333,7 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 		dt = now.Sub(l.lastSync).Seconds()
 	}
 	l.lastSync = now
-	alpha := 1 - math.Exp(-dt/l.cfg.DemandTimeConstant.Seconds())
+	tau := l.cfg.DemandTimeConstant.Seconds()
 
 	// Fold the demand measured since the last sync, under each tenant's
 	// lock. Only Sync writes lim.demand, and updateMu serialises Syncs.
@@ -312,7 +342,11 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 		t.mu.Lock()
 		for _, lim := range t.all {
 			sample := lim.pending / dt
-			lim.pending = 0
+			lim.sample, lim.pending, lim.prevDemand = sample, 0, lim.demand
+			// The average spans at least demandArrivals arrivals at the
+			// limit's rate: a tenant allowed one request a second would
+			// otherwise see its shares swing with every arrival.
+			alpha := 1 - math.Exp(-dt/math.Max(tau, demandArrivals/lim.perSec))
 			lim.demand = math.Max(0, lim.demand+alpha*(sample-lim.demand))
 			lims = append(lims, lim)
 		}
@@ -325,12 +359,14 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 	// demand growing on one side cannot squeeze the other; after
 	// PeerTimeout it holds nothing.
 	l.viewMu.Lock()
-	var fresh, held []*peer
+	var fresh, held, gone []*peer
 	for origin, p := range l.peers {
 		switch age := now.Sub(p.heard); {
 		case age > 2*l.cfg.PeerTimeout:
 			delete(l.peers, origin)
-		case p.leaving || age > l.cfg.PeerTimeout:
+		case age > l.cfg.PeerTimeout:
+		case p.leaving:
+			gone = append(gone, p) // its last release is still to take up
 		case age > l.cfg.StaleAfter:
 			held = append(held, p)
 		default:
@@ -339,52 +375,107 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 	}
 	warming := len(fresh)+len(held) == 0 && !l.heard && now.Sub(l.started) < l.cfg.Warmup
 	shares := make([]float64, len(lims))
-	saturated := make([]bool, len(lims)) // total demand above the limit
+	others := make([]float64, len(lims)) // the peers' levels, for the headers
+	takeUp := make([]float64, len(lims)) // units released by peers that are ours
+	dry := make([]bool, len(lims))       // a fresh peer has run dry and wants more
 	for i, lim := range lims {
 		if warming {
 			shares[i] = l.cfg.InitialShare
+			others[i] = (1 - l.cfg.InitialShare) * lim.burst
 			continue
 		}
 		floor := l.cfg.MinShare * lim.perSec
 		self := math.Max(lim.demand, floor)
-		others, demand := 0.0, lim.demand
+		weights := self
 		for _, p := range fresh {
-			r := p.limits[lim.hash]
-			others += math.Max(r.demand, floor)
-			demand += r.demand
+			weights += math.Max(p.limits[lim.hash].demand, floor)
 		}
+		// A held peer without a report for this limit had no demand on it
+		// when it went quiet: it holds the floor's share.
+		floorShare := floor / (weights + floor)
 		var heldShare float64
 		for _, p := range held {
 			r, ok := p.limits[lim.hash]
-			if !ok { // no demand there when it went quiet: the floor's share
-				r.share = floor / (self + others + floor)
+			if !ok {
+				r.share, r.level = floorShare, floorShare*lim.burst
 			}
 			heldShare += r.share
-			demand += r.demand
+			others[i] += r.level
 		}
 		heldShare = math.Min(heldShare, 1-l.cfg.MinShare)
-		shares[i] = (1 - heldShare) * self / (self + others)
-		saturated[i] = demand > lim.perSec
+		shares[i] = (1 - heldShare) * self / weights
+		// A peer that does not report the limit is idle and full at the
+		// floor's share of the view it had: this instance's demand as
+		// last reported, not as just folded.
+		idleShare := (1 - heldShare) * floor / (weights - self + math.Max(lim.prevDemand, floor))
+		for _, p := range fresh {
+			r, ok := p.limits[lim.hash]
+			if !ok {
+				others[i] += idleShare * lim.burst
+				continue
+			}
+			age := math.Max(now.Sub(p.heard).Seconds(), 0)
+			others[i] += math.Min(r.level+r.share*lim.perSec*age, r.share*lim.burst)
+			dry[i] = dry[i] || (r.level < 0.1*r.share*lim.burst && r.demand > r.share*lim.perSec)
+		}
+		// Parts of a release are weighed by the shares as last reported,
+		// this instance's too: the vector every taker holds, so the parts
+		// add to one even while the shares move. (Only Sync and Update
+		// write lim.share, and updateMu serialises them.)
+		takeUp[i] = l.takeUp(lim, lim.share, fresh, held, gone)
 	}
 	l.viewMu.Unlock()
 
-	// Resize every local bucket to its new share.
+	// Resize every local bucket to its new share; what no longer fits is
+	// released to the pool, and what peers released is taken up.
 	own := &entry{origin: l.cfg.Instance, limits: map[uint64]report{}}
 	i := 0
 	for _, t := range ts {
 		t.mu.Lock()
 		for _, lim := range t.all {
 			share := shares[i]
-			burst := lim.burst
-			if saturated[i] {
-				burst = math.Min(burst, lim.perSec*l.cfg.SaturatedBurst.Seconds())
-			}
+			size := lim.burst * share
 			lim.share = share
 			lim.b.advance(ns)
-			lim.b.resize(lim.perSec*share, burst*share)
+			if lim.fresh {
+				// Until its share is known from the peers, a new limit's
+				// slice is a guess: it keeps what it spent (its deficit
+				// from full) and otherwise starts full at the new size.
+				lim.b.level = size - (lim.b.burst - lim.b.level)
+				lim.fresh = warming
+			}
+			lim.b.rate, lim.b.burst = lim.perSec*share, size
+			// Units taken up may lift the level above the size: they are
+			// spent first, and what is left at the next sync is released
+			// again. A full bucket takes nothing (one global bucket would
+			// be full too).
+			if lim.b.level < size {
+				lim.b.level += takeUp[i]
+			}
+			keep := size
+			switch {
+			case l.leaving:
+				keep = 0 // hand everything back
+			case dry[i] && lim.sample < lim.b.rate:
+				// A peer has run dry while this instance used less than
+				// its refill over the last interval (its demand fell, or
+				// it is idle): keep what two intervals at that pace need,
+				// and at least its last request's worth, and release the
+				// rest, as one global bucket would have served the peer's
+				// requests from it.
+				keep = math.Min(size, math.Max(2*lim.sample*dt, lim.lastUnits))
+			}
+			var freed float64
+			if lim.b.level > keep {
+				freed = lim.b.level - keep
+				lim.released += freed
+				lim.b.level = keep
+			}
+			lim.others = others[i]
 			lim.shareG.Set(share)
-			if lim.demand > 1e-9 {
-				own.limits[lim.hash] = report{demand: lim.demand, share: share}
+			if lim.demand > 1e-9 || lim.b.level < lim.b.burst || lim.released != lim.reportedRel || l.leaving {
+				own.limits[lim.hash] = report{demand: lim.demand, share: share, level: lim.b.level, released: lim.released, recent: freed}
+				lim.reportedRel = lim.released
 			}
 			i++
 		}
@@ -402,6 +493,57 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 	}
 	return payloads
 }
+
+// takeUp returns the units of lim that peers released since this instance
+// last looked and that are this instance's to take: each release is
+// divided among every other live instance in proportion to their shares
+// as reported, this instance's share being share. Caller holds viewMu.
+func (l *Limiter) takeUp(lim *limit, share float64, fresh, held, gone []*peer) float64 {
+	var got float64
+	from := func(src *peer) {
+		r, ok := src.limits[lim.hash]
+		if !ok {
+			return
+		}
+		taken, seen := src.taken[lim.hash]
+		src.taken[lim.hash] = r.released
+		d := r.released - taken
+		switch {
+		case !seen: // the first report of it since it was idle: what it just released
+			d = r.recent
+		case d < 0: // the peer restarted
+			return
+		}
+		if d <= 0 {
+			return
+		}
+		// Every instance but the source counts, full or not, so that the
+		// parts add to at most one when the views agree (a full bucket
+		// drops its part: one global bucket would be full too).
+		weights := share
+		for _, group := range [][]*peer{fresh, held} {
+			for _, p := range group {
+				if p != src {
+					weights += p.limits[lim.hash].share
+				}
+			}
+		}
+		if weights > 0 {
+			got += d * share / weights
+		}
+	}
+	for _, group := range [][]*peer{fresh, held, gone} {
+		for _, p := range group {
+			from(p)
+		}
+	}
+	return got
+}
+
+// demandArrivals is the fewest arrivals, at a limit's rate, that its
+// demand average spans: the time constant is at least this many times the
+// interval between two units at the limit's rate.
+const demandArrivals = 5
 
 // split encodes e in as few parts as fit MaxPayload each (as payloads of
 // one entry). With no MaxPayload, or when everything fits, it is one part.

@@ -46,7 +46,9 @@ type Decision struct {
 	// constants); empty when Allowed.
 	Reason string
 	// RetryAfter is how long until every exhausted limit would admit this
-	// request, from the local buckets' refill rates. Zero when Allowed.
+	// request, from the local buckets' levels and refill rates (a share
+	// that grows, or tokens another instance returns, can only shorten
+	// it). Zero when Allowed.
 	RetryAfter time.Duration
 	// Requests and Tokens describe the most constraining limit of each kind
 	// that applies to the request; Limit is zero when none does.
@@ -62,16 +64,21 @@ type Decision struct {
 type Quota struct {
 	// Limit is the configured global limit, in units per its period.
 	Limit int64
-	// Remaining estimates the units left globally: this instance's level
-	// divided by its share of the limit.
+	// Remaining estimates the units left globally, capped at the burst:
+	// this instance's level plus its peers' levels as they reported them
+	// at the last sync (each advanced by its refill up to that sync). With
+	// no time passing it only falls from one decision on this instance to
+	// the next. It is 0 on a limit that rejected the request.
 	Remaining int64
-	// Reset is how long until the limit is back to its full burst.
+	// Reset is how long until the limit is back to its full burst, at the
+	// global rate, from Remaining.
 	Reset time.Duration
 }
 
 // Headers calls set for each of OpenAI's rate-limit headers the decision
-// carries, and for Retry-After (whole seconds, rounded up) when it is a
-// rejection. Tier-2 passes http.Header.Set.
+// carries, and for retry-after (whole seconds, rounded up) and
+// retry-after-ms (milliseconds, rounded up; the OpenAI SDKs prefer it)
+// when it is a rejection. Tier-2 passes http.Header.Set.
 func (d *Decision) Headers(set func(key, value string)) {
 	if d.Requests.Limit > 0 {
 		set("x-ratelimit-limit-requests", strconv.FormatInt(d.Requests.Limit, 10))
@@ -85,6 +92,7 @@ func (d *Decision) Headers(set func(key, value string)) {
 	}
 	if !d.Allowed {
 		set("retry-after", strconv.FormatInt(retryAfterSeconds(d.RetryAfter), 10))
+		set("retry-after-ms", strconv.FormatInt(retryAfterMillis(d.RetryAfter), 10))
 	}
 }
 
@@ -98,6 +106,14 @@ func formatReset(d time.Duration) string {
 		d += time.Millisecond - r
 	}
 	return d.String()
+}
+
+func retryAfterMillis(d time.Duration) int64 {
+	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
+	if ms < 1 {
+		return 1
+	}
+	return ms
 }
 
 func retryAfterSeconds(d time.Duration) int64 {
@@ -198,10 +214,35 @@ type limit struct {
 	perSec float64 // global units per second
 	burst  float64 // global burst, units
 
-	share   float64 // this instance's fraction of the limit
-	b       bucket
-	pending float64 // units attempted since the last sync
-	demand  float64 // EWMA of units attempted per second
+	share float64 // this instance's fraction of the limit
+	b     bucket
+	// fresh is true until the first sync that divides the limit from the
+	// peers' reports: until then the share is a guess, and the slice is
+	// resized keeping only what was spent from it, so a new limit or
+	// instance starts with the burst available.
+	fresh bool
+	// shadow is the whole global limit as if this instance held it alone.
+	// Demand counts the units it would admit, so refused retries beyond
+	// the limit's rate claim no share.
+	shadow  bucket
+	pending float64 // units the shadow admitted since the last sync
+	sample  float64 // pending per second over the last sync interval
+	// lastUnits is the size of the last request decided: what a bucket
+	// that gives its surplus away keeps to serve the next one.
+	lastUnits float64
+	demand    float64 // EWMA of pending per second
+	// prevDemand is demand before the last fold: what the peers last
+	// heard (or, unreported, about zero).
+	prevDemand float64
+	// others is what the peers' buckets held at the last sync, as they
+	// reported it (advanced by their refill): with b.level, the global
+	// level the headers report.
+	others float64
+	// released counts, over this limit's life here, the units this
+	// instance gave back to the pool because its slice shrank or it left;
+	// peers take them up in proportion to their shares.
+	released    float64
+	reportedRel float64 // released as of the last report sent
 
 	rejected prometheus.Counter
 	shareG   prometheus.Gauge
@@ -330,11 +371,15 @@ func (l *Limiter) apply(t *tenant, tl config.TenantLimit, now int64, initial flo
 				rejected: l.metrics.rejected.WithLabelValues(t.name, reason),
 				shareG:   l.metrics.share.WithLabelValues(t.name, sc, k.String()),
 			}
-			lim.b.last = now
+			lim.b.last, lim.shadow.last, lim.fresh = now, now, true
 			lim.setRate(*r)
-			lim.b.level = lim.b.burst
+			// A new limit starts with the burst available: this slice full,
+			// and the rest presumed full on the peers until they report.
+			lim.b.level, lim.shadow.level = lim.b.burst, lim.burst
+			lim.others = lim.burst - lim.b.burst
 		} else {
 			lim.b.advance(now)
+			lim.shadow.advance(now)
 			lim.setRate(*r)
 		}
 		lim.shareG.Set(lim.share)
@@ -379,15 +424,31 @@ func (lim *limit) setRate(r config.Rate) {
 		lim.burst = float64(r.Limit)
 	}
 	lim.b.resize(lim.perSec*lim.share, lim.burst*lim.share)
+	lim.shadow.resize(lim.perSec, lim.burst)
 }
 
-// quota describes the limit for headers.
-func (lim *limit) quota() Quota {
-	q := Quota{Limit: lim.rate.Limit, Reset: lim.b.untilFull()}
-	if lim.share > 0 && lim.b.level > 0 {
-		q.Remaining = int64(math.Min(lim.b.level/lim.share, lim.burst))
+// global is the level of the whole limit this instance knows of: its own
+// bucket and its peers' as of the last sync, capped at the burst.
+func (lim *limit) global() float64 {
+	return math.Min(lim.b.level+lim.others, lim.burst)
+}
+
+// quota describes the limit for headers with left units remaining
+// globally: the time the global rate takes to fill the rest is the reset.
+func (lim *limit) quota(left float64) Quota {
+	q := Quota{Limit: lim.rate.Limit, Reset: rateDuration(lim.burst-math.Max(lim.global(), 0), lim.perSec)}
+	if left > 0 {
+		q.Remaining = int64(left)
 	}
 	return q
+}
+
+// units is what one request costs this limit: 1, or the token estimate.
+func (lim *limit) units(est float64) float64 {
+	if lim.kind == tokens {
+		return est
+	}
+	return 1
 }
 
 // Allow decides one request now. See AllowAt.
@@ -437,12 +498,14 @@ func (l *Limiter) AllowAt(now time.Time, r Request) Decision {
 	var d Decision
 	var rejected *limit
 	for _, lim := range set[:n] {
-		units := 1.0
-		if lim.kind == tokens {
-			units = est
-		}
+		units := lim.units(est)
+		lim.lastUnits = units
 		lim.b.advance(ns)
-		lim.pending += units
+		lim.shadow.advance(ns)
+		if lim.shadow.fits(units) {
+			lim.shadow.level -= units
+			lim.pending += units
+		}
 		if !lim.b.fits(units) {
 			if rejected == nil {
 				rejected = lim
@@ -472,15 +535,24 @@ func (l *Limiter) AllowAt(now time.Time, r Request) Decision {
 	} else {
 		d.Reason = rejected.reason
 	}
+	// The headers describe, per kind, the limit with the least left; a
+	// limit that refused the request has nothing the caller can use.
+	var least [2]*limit
+	var left [2]float64
 	for _, lim := range set[:n] {
-		q := lim.quota()
-		p := &d.Requests
-		if lim.kind == tokens {
-			p = &d.Tokens
+		g := lim.global()
+		if !d.Allowed && !lim.b.fits(lim.units(est)) {
+			g = 0
 		}
-		if p.Limit == 0 || q.Remaining < p.Remaining {
-			*p = q
+		if least[lim.kind] == nil || g < left[lim.kind] {
+			least[lim.kind], left[lim.kind] = lim, g
 		}
+	}
+	if lim := least[requests]; lim != nil {
+		d.Requests = lim.quota(left[requests])
+	}
+	if lim := least[tokens]; lim != nil {
+		d.Tokens = lim.quota(left[tokens])
 	}
 	t.mu.Unlock()
 
@@ -523,10 +595,9 @@ func (l *Limiter) SettleAt(now time.Time, tk Ticket, used int64) {
 			break
 		}
 		lim.b.advance(ns)
-		lim.b.level += delta
-		if lim.b.level > lim.b.burst {
-			lim.b.level = lim.b.burst
-		}
+		lim.b.level = math.Min(lim.b.level+delta, lim.b.burst)
+		lim.shadow.advance(ns)
+		lim.shadow.level = math.Min(lim.shadow.level+delta, lim.shadow.burst)
 		lim.pending -= delta
 	}
 	tk.t.mu.Unlock()

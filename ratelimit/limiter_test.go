@@ -1,7 +1,10 @@
 package ratelimit
 
 import (
+	"encoding/binary"
 	"errors"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -432,12 +435,12 @@ func benchTenants() map[string]*config.Tenant {
 	return m
 }
 
-// BenchmarkAllow measures one decision against six limits (overall, model
-// and band; requests and tokens), admitted or not, plus its settlement.
-func BenchmarkAllow(b *testing.B) {
-	c := &clock{now: epoch}
+// benchLimiter is a Limiter alone with benchTenants on a clock that moves
+// step forward at every reading (Allow and Settle each read it once).
+func benchLimiter(b *testing.B, step time.Duration) *Limiter {
+	now := epoch
 	cfg := DefaultConfig("bench")
-	cfg.Now, cfg.Warmup = c.Now, time.Nanosecond
+	cfg.Now, cfg.Warmup = func() time.Time { now = now.Add(step); return now }, time.Nanosecond
 	l, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -446,12 +449,41 @@ func BenchmarkAllow(b *testing.B) {
 		b.Fatal(err)
 	}
 	l.Sync()
+	return l
+}
+
+// BenchmarkAllowAdmitted measures the admit-and-settle path: one decision
+// against six limits (overall, model and band; requests and tokens) that
+// admits, plus its Settle. The clock advances 150ms per reading, enough for
+// every limit to have room again, so every decision is an admission.
+func BenchmarkAllowAdmitted(b *testing.B) {
+	l := benchLimiter(b, 150*time.Millisecond)
 	r := Request{Tenant: "acme", Model: "m1", Band: config.BandStandard, Tokens: 1000}
+	var admitted int
 	b.ReportAllocs()
 	for b.Loop() {
 		d := l.Allow(r)
 		if d.Allowed {
+			admitted++
 			l.Settle(d.Ticket, 500)
+		}
+	}
+	if admitted != b.N {
+		b.Fatalf("%d of %d decisions admitted, want all", admitted, b.N)
+	}
+}
+
+// BenchmarkAllowRejected measures the reject path: the same decision
+// against an exhausted limit on a clock that does not move.
+func BenchmarkAllowRejected(b *testing.B) {
+	l := benchLimiter(b, 0)
+	r := Request{Tenant: "acme", Model: "m1", Band: config.BandStandard, Tokens: 1000}
+	for l.Allow(r).Allowed {
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if l.Allow(r).Allowed {
+			b.Fatal("admitted on a frozen clock after exhausting the limit")
 		}
 	}
 }
@@ -491,13 +523,16 @@ func TestMalformedPayloads(t *testing.T) {
 	l := alone(t, c, benchTenants())
 	good := l.LocalState()
 	cases := map[string][]byte{
-		"empty":         nil,
-		"wrong version": {9, 0},
-		"truncated":     good[:len(good)-3],
-		"trailing":      append(append([]byte{}, good...), 1),
-		"huge count":    {wireVersion, 0xff, 0xff, 0x03},
-		"nan demand":    append([]byte{wireVersion, 1, 1, 'x', 1, 0, 0, 1}, append(make([]byte, 8), 0, 0, 0xc0, 0x7f, 0, 0, 0, 0)...),
-		"share above 1": append([]byte{wireVersion, 1, 1, 'x', 1, 0, 0, 1}, append(make([]byte, 8), 0, 0, 0, 0, 0, 0, 0, 0x40)...),
+		"empty":              nil,
+		"wrong version":      {9, 0},
+		"truncated":          good[:len(good)-3],
+		"trailing":           append(append([]byte{}, good...), 1),
+		"huge count":         {wireVersion, 0xff, 0xff, 0x03},
+		"nan demand":         oneReport(0, 0x7fc00000, 0, 0, 0, 0),
+		"share above 1":      oneReport(0, 0, 0x40000000, 0, 0, 0),
+		"infinite level":     oneReport(0, 0, 0, 0x7f800000, 0, 0),
+		"negative total":     oneReport(0, 0, 0, 0, math.Float64bits(-1), 0),
+		"more now than ever": oneReport(0, 0, 0, 0, math.Float64bits(1), 0x40000000),
 	}
 	for name, p := range cases {
 		l.Merge("peer", p)
@@ -511,6 +546,18 @@ func TestMalformedPayloads(t *testing.T) {
 	}
 }
 
+// oneReport is a payload with one entry from "x" holding one limit's
+// report with these raw fields.
+func oneReport(hash uint64, demand, share, level uint32, released uint64, now uint32) []byte {
+	b := []byte{wireVersion, 1, 1, 'x', 1, 0, 0, 0, 1, 1}
+	b = binary.LittleEndian.AppendUint64(b, hash)
+	for _, v := range []uint32{demand, share, level} {
+		b = binary.LittleEndian.AppendUint32(b, v)
+	}
+	b = binary.LittleEndian.AppendUint64(b, released)
+	return binary.LittleEndian.AppendUint32(b, now)
+}
+
 func FuzzMerge(f *testing.F) {
 	c := &clock{now: epoch}
 	cfg := DefaultConfig("fuzz")
@@ -521,6 +568,7 @@ func FuzzMerge(f *testing.F) {
 	}
 	f.Add(l.LocalState())
 	f.Add([]byte{wireVersion, 1, 1, 'x', 1, 0, 0, 0})
+	f.Add(oneReport(7, 0x3f800000, 0x3f000000, 0x41200000, math.Float64bits(5), 0x3f800000))
 	f.Fuzz(func(t *testing.T, p []byte) {
 		l.Merge("fuzz", p) // must not panic
 		l.Sync()
@@ -551,4 +599,157 @@ func countSeries(c prometheus.Collector) int {
 		n++
 	}
 	return n
+}
+
+// pair is two Limiters on one fake clock that exchange reports by hand.
+func pair(t *testing.T, c *clock, tenants map[string]*config.Tenant) (a, b *Limiter) {
+	t.Helper()
+	newL := func(name string) *Limiter {
+		cfg := DefaultConfig(name)
+		cfg.Now = c.Now
+		l, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Update(tenants); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	a, b = newL("a"), newL("b")
+	exchange(a, b)
+	return a, b
+}
+
+// exchange has a and b sync and hear each other, with no time passing.
+func exchange(a, b *Limiter) {
+	for _, p := range a.Sync() {
+		b.Merge("a", p)
+	}
+	for _, p := range b.Sync() {
+		a.Merge("b", p)
+	}
+}
+
+// TestHeadersAcrossInstances is the support-team case of issue 16: 1200
+// a minute with a burst of 100 over two instances, idle for 20s, then 25
+// requests one after the other at one instant on one instance. All are
+// admitted, and the remaining counts read the global bucket, falling by
+// one per request (99, 98, ...) also across syncs at that instant. Then
+// the same tenant runs dry: the 429 says 0 remaining, and retry-after-ms
+// is exactly when the next request is admitted.
+func TestHeadersAcrossInstances(t *testing.T) {
+	c := &clock{now: epoch}
+	a, b := pair(t, c, map[string]*config.Tenant{"support": tenantWith(config.TenantLimit{
+		Requests: rate(1200, time.Minute, 100),
+		Tokens:   rate(600_000, time.Minute, 100_000),
+	})})
+	for range 200 { // 20s idle
+		c.Advance(100 * time.Millisecond)
+		exchange(a, b)
+	}
+	headers := func(d Decision) map[string]string {
+		h := map[string]string{}
+		d.Headers(func(k, v string) { h[k] = v })
+		return h
+	}
+	num := func(h map[string]string, k string) int64 {
+		n, err := strconv.ParseInt(h[k], 10, 64)
+		if err != nil {
+			t.Fatalf("%s = %q: %v", k, h[k], err)
+		}
+		return n
+	}
+	lastReq, lastTok := int64(101), int64(100_001)
+	step := func(i int) (Decision, map[string]string) {
+		d := a.Allow(Request{Tenant: "support", Tokens: 1000})
+		h := headers(d)
+		req, tok := num(h, "x-ratelimit-remaining-requests"), num(h, "x-ratelimit-remaining-tokens")
+		if d.Allowed && (req >= lastReq || tok >= lastTok) {
+			t.Fatalf("request %d: remaining %d requests, %d tokens after %d, %d: want both to fall", i, req, tok, lastReq, lastTok)
+		}
+		lastReq, lastTok = req, tok
+		return d, h
+	}
+	for i := range 25 {
+		if d, _ := step(i); !d.Allowed {
+			t.Fatalf("request %d of a 25-request burst after 20s idle rejected: %+v", i, d)
+		}
+		if i == 0 && lastReq != 99 {
+			t.Fatalf("first request after idling: %d requests remaining, want 99", lastReq)
+		}
+		if i%5 == 4 {
+			exchange(a, b) // no time passes: the global figures cannot rise
+		}
+	}
+	// Drain until the 429.
+	var d Decision
+	var h map[string]string
+	for i := 25; ; i++ {
+		if d, h = step(i); !d.Allowed {
+			break
+		}
+		if i > 200 {
+			t.Fatal("never rejected")
+		}
+	}
+	if d.Reason != ReasonRequests || h["x-ratelimit-remaining-requests"] != "0" {
+		t.Fatalf("429: reason %q, remaining requests %q, want requests and 0", d.Reason, h["x-ratelimit-remaining-requests"])
+	}
+	ms := num(h, "retry-after-ms")
+	if want := int64((d.RetryAfter + time.Millisecond - 1) / time.Millisecond); ms != want || ms <= 0 {
+		t.Fatalf("retry-after-ms %d, want %d (RetryAfter %v)", ms, want, d.RetryAfter)
+	}
+	if s := num(h, "retry-after"); s != (ms+999)/1000 {
+		t.Fatalf("retry-after %d, want %d (retry-after-ms rounded up)", s, (ms+999)/1000)
+	}
+	c.Advance(time.Duration(ms-1) * time.Millisecond)
+	if d := a.Allow(Request{Tenant: "support", Tokens: 1000}); d.Allowed {
+		t.Fatalf("admitted 1ms before retry-after-ms")
+	}
+	c.Advance(time.Millisecond)
+	if d := a.Allow(Request{Tenant: "support", Tokens: 1000}); !d.Allowed {
+		t.Fatalf("rejected at retry-after-ms: %+v", d)
+	}
+}
+
+// TestNewLimitStartsFull: a tenant added while instances run, and a
+// Limiter that has concluded it is alone, start with the whole burst, not
+// InitialShare of it (issue 16: remaining tokens read 1.37M of 4M after a
+// start and climbed over 40s).
+func TestNewLimitStartsFull(t *testing.T) {
+	c := &clock{now: epoch}
+	tenants := map[string]*config.Tenant{"acme": tenantWith(config.TenantLimit{Tokens: rate(4_000_000, time.Minute, 0)})}
+	solo := alone(t, c, tenants)
+	if d := solo.Allow(Request{Tenant: "acme", Tokens: 1}); d.Tokens.Remaining != 4_000_000-1 {
+		t.Fatalf("alone: remaining %d, want %d", d.Tokens.Remaining, 4_000_000-1)
+	}
+	a, b := pair(t, c, nil)
+	c.Advance(100 * time.Millisecond)
+	for _, l := range []*Limiter{a, b} {
+		if err := l.Update(tenants); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exchange(a, b)
+	var total float64
+	for _, l := range []*Limiter{a, b} {
+		lim := (*l.tenants.Load())["acme"].all[0]
+		total += lim.b.level
+		if d := l.Allow(Request{Tenant: "acme"}); d.Tokens.Remaining != 4_000_000 {
+			t.Errorf("%s: remaining %d, want 4000000", l.cfg.Instance, d.Tokens.Remaining)
+		}
+	}
+	if math.Abs(total-4_000_000) > 1 {
+		t.Fatalf("the two slices hold %.0f, want the burst, 4000000", total)
+	}
+}
+
+func TestWellFormedReportMerges(t *testing.T) {
+	c := &clock{now: epoch}
+	l := alone(t, c, benchTenants())
+	l.Merge("x", oneReport(7, 0x3f800000, 0x3f000000, 0x41200000, math.Float64bits(5), 0x3f800000))
+	if l.mergeErr != nil || l.peers["x"].limits[7].released != 5 || l.peers["x"].limits[7].recent != 1 {
+		t.Fatalf("merge error %v, peers %+v", l.mergeErr, l.peers["x"])
+	}
 }
