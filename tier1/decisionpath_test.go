@@ -39,6 +39,11 @@ type pathFixture struct {
 	next   atomic.Int64 // requests made, for turn numbers and the clock
 }
 
+// productionKVBlocks is a pod's KV cache in the benchmarks: 20,000 blocks
+// of 16 tokens (320K tokens, an H100 serving an 8B model), which the index
+// holds as 20,000 blocks of 64 characters: 1.28M entries over 64 pods.
+const productionKVBlocks = 20000
+
 const (
 	pathSystems       = 8
 	pathConversations = 512
@@ -52,14 +57,14 @@ var (
 
 // newPathFixture returns the fixture for these sizes, built once per test
 // binary: filling 64 pods to capacity takes a few seconds.
-func newPathFixture(tb testing.TB, pods, blocks int) *pathFixture {
-	key := fmt.Sprint(pods, blocks)
+func newPathFixture(tb testing.TB, pods, blocks, kvBlocks int) *pathFixture {
+	key := fmt.Sprint(pods, blocks, kvBlocks)
 	pathFixturesMu.Lock()
 	defer pathFixturesMu.Unlock()
 	if f := pathFixtures[key]; f != nil {
 		return f
 	}
-	f := buildPathFixture(tb, pods, blocks)
+	f := buildPathFixture(tb, pods, blocks, kvBlocks)
 	pathFixtures[key] = f
 	return f
 }
@@ -104,14 +109,14 @@ func pathText(kind string, id, n int) []byte {
 	return out
 }
 
-func buildPathFixture(tb testing.TB, pods, blocks int) *pathFixture {
+// buildPathFixture makes the fixture; each pod reports kvBlocks KV blocks
+// of 16 tokens, which the index holds as kvBlocks prefix blocks.
+func buildPathFixture(tb testing.TB, pods, blocks, kvBlocks int) *pathFixture {
 	r := rand.New(rand.NewPCG(uint64(pods), uint64(blocks)))
 	ms := make([]Metrics, pods)
 	for i := range ms {
-		// 20,000 KV blocks of 16 tokens: 320K tokens, 20,000 index blocks
-		// of 64 characters per pod.
 		ms[i] = Metrics{Waiting: r.IntN(6), Running: r.IntN(60), KVCacheUsage: r.Float64() * 0.8,
-			MaxLoRA: 2, LoRAReported: true, BlockSize: 16, GPUBlocks: 20000, ScrapedAt: t0}
+			MaxLoRA: 2, LoRAReported: true, BlockSize: 16, GPUBlocks: kvBlocks, ScrapedAt: t0}
 	}
 	pool, eps := newPool(ms...)
 	policy := config.DefaultPolicy()
@@ -188,7 +193,8 @@ func (f *pathFixture) decider() *pathDecider {
 // from the raw body to the request's completion: parse the body, hash its
 // prefix blocks, filter, score with all seven scorers, pick a primary and
 // two fallbacks, dispatch to the primary (accounting and prefix index
-// update), report the first token and finish. Every 64th request
+// update), and finish. (The first token's report, which refits the pod's
+// latency model, comes later and is not part of the decision.) Every 64th request
 // re-scrapes the picked pod, as the scraper would, so that the counts
 // since the scrape stay bounded; the scrape keeps its time (the fixture's
 // MaxMetricsAge is a day), so that it allocates nothing.
@@ -216,7 +222,6 @@ func (d *pathDecider) decide() error {
 	}
 	ep := d.dst[0]
 	tk := f.s.Dispatch(ep, &d.req, now)
-	tk.FirstToken(50 * time.Millisecond)
 	tk.Done()
 	if n%64 == 0 {
 		ep.SetMetrics(&f.ms[ep.slot])
@@ -231,7 +236,7 @@ func (d *pathDecider) decide() error {
 func BenchmarkDecisionPath(b *testing.B) {
 	for _, size := range []struct{ pods, blocks int }{{64, 256}} {
 		b.Run(fmt.Sprintf("pods=%d/blocks=%d", size.pods, size.blocks), func(b *testing.B) {
-			f := newPathFixture(b, size.pods, size.blocks)
+			f := newPathFixture(b, size.pods, size.blocks, productionKVBlocks)
 			d := f.decider()
 			b.ReportAllocs()
 			b.SetBytes(int64(len(f.convs[0])))
@@ -251,7 +256,7 @@ func BenchmarkDecisionPath(b *testing.B) {
 // decisions per second scale with cores.
 func BenchmarkDecisionPathParallel(b *testing.B) {
 	b.Run("pods=64/blocks=256", func(b *testing.B) {
-		f := newPathFixture(b, 64, 256)
+		f := newPathFixture(b, 64, 256, productionKVBlocks)
 		b.ReportAllocs()
 		cpu := startCPU()
 		b.RunParallel(func(pb *testing.PB) {
@@ -266,4 +271,58 @@ func BenchmarkDecisionPathParallel(b *testing.B) {
 		cpu.report(b)
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 	})
+}
+
+// TestDecisionPathAllocs pins the allocations of the whole decision path
+// (parse, hash, schedule, dispatch, done) at 64 pods and 256 blocks with
+// the index full: the parsed Body and the bytes of its strings, nothing
+// else. The pods' caches are small so that the test fills them quickly;
+// evictions happen as in production.
+func TestDecisionPathAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under the race detector")
+	}
+	f := newPathFixture(t, 64, 256, 600)
+	d := f.decider()
+	allocs := testing.AllocsPerRun(300, func() {
+		if err := d.decide(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 2 {
+		t.Errorf("%.1f allocations per decision, want ≤ 2", allocs)
+	}
+	if len(d.req.Hashes) != 256 {
+		t.Fatalf("%d blocks hashed, want 256", len(d.req.Hashes))
+	}
+	if got, want := f.s.pool.PrefixIndex().Len(), 64*f.s.capacity(&f.ms[0]); got != want {
+		t.Fatalf("index holds %d entries, want %d (full)", got, want)
+	}
+}
+
+// TestDecisionPathConcurrent runs whole decisions from several goroutines
+// over one full index, so that -race sees adds to different pods, adds to
+// the same pod, matches and evictions interleave; the index must still be
+// consistent and full afterwards.
+func TestDecisionPathConcurrent(t *testing.T) {
+	f := buildPathFixture(t, 16, 64, 200)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := f.decider()
+			for range 150 {
+				if err := d.decide(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	checkIndex(t, f.s.pool.PrefixIndex())
+	if got, want := f.s.pool.PrefixIndex().Len(), 16*f.s.capacity(&f.ms[0]); got != want {
+		t.Fatalf("index holds %d entries, want %d (full)", got, want)
+	}
 }
