@@ -230,7 +230,12 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	clear(p.fresh)
 
 	// Pass 1: the endpoint's own list, next to the previous block's node.
+	// While every block so far was held, a block not found there is
+	// looked up in its chain at once (a lock for that block alone), so
+	// that the blocks after it can be found next to it: a prompt sent
+	// again is held from its first block, and its tail is new.
 	missing := 0
+	leading := true
 	for i, h := range hashes {
 		p.found[i] = nilNode
 		if i > 0 && p.found[i-1] != nilNode {
@@ -241,6 +246,10 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 					break
 				}
 			}
+		}
+		if p.found[i] == nilNode && leading {
+			p.found[i] = x.holder(slot, h)
+			leading = p.found[i] != nilNode
 		}
 		if p.found[i] == nilNode {
 			missing++
@@ -294,7 +303,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 
 	// Pass 3: stamps and list order, in block order.
 	hint := int32(nilNode)
-	leading := true
+	leading = true
 	for i := range hashes {
 		j := p.found[i]
 		if j == nilNode {
@@ -328,6 +337,19 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	}
 	x.free(p, p.gone)
 	return held
+}
+
+// holder returns slot's node for hash h, or nilNode.
+func (x *PrefixIndex) holder(slot int32, h uint64) int32 {
+	st := &x.stripes[stripeOf(h)]
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	for j := st.table.get(h, x); j != nilNode; j = x.link(j).same {
+		if x.link(j).pod == slot {
+			return j
+		}
+	}
+	return nilNode
 }
 
 // free removes nodes, already unlinked from their endpoint's list, from
