@@ -183,7 +183,15 @@ type pathDecider struct {
 	body []byte
 	req  Request
 	dst  []*Endpoint
+	// The requests in flight: each finishes pathInFlight decisions after
+	// it was dispatched, so that busy pods look busy to the scorers.
+	inflight [pathInFlight]Ticket
+	k        int // decisions made by this decider
 }
+
+// pathInFlight is how many requests a decider keeps in flight: 128 over
+// 64 pods, two a pod.
+const pathInFlight = 128
 
 func (f *pathFixture) decider() *pathDecider {
 	return &pathDecider{f: f, r: rand.New(rand.NewPCG(uint64(f.next.Add(1)), 7)), dst: make([]*Endpoint, 0, 8)}
@@ -193,10 +201,11 @@ func (f *pathFixture) decider() *pathDecider {
 // from the raw body to the request's completion: parse the body, hash its
 // prefix blocks, filter, score with all seven scorers, pick a primary and
 // two fallbacks, dispatch to the primary (accounting and prefix index
-// update), and finish. (The first token's report, which refits the pod's
-// latency model, comes later and is not part of the decision.) Every 64th request
-// re-scrapes the picked pod, as the scraper would, so that the counts
-// since the scrape stay bounded; the scrape keeps its time (the fixture's
+// update), and finish the request dispatched pathInFlight decisions ago.
+// (The first token's report, which refits the pod's latency model, comes
+// later and is not part of the decision.) Every 8th request re-scrapes
+// one pod, round robin, as the scraper would, so that the counts since
+// the scrape stay bounded; the scrape keeps its time (the fixture's
 // MaxMetricsAge is a day), so that it allocates nothing.
 func (d *pathDecider) decide() error {
 	f := d.f
@@ -222,9 +231,13 @@ func (d *pathDecider) decide() error {
 	}
 	ep := d.dst[0]
 	tk := f.s.Dispatch(ep, &d.req, now)
-	tk.Done()
-	if n%64 == 0 {
-		ep.SetMetrics(&f.ms[ep.slot])
+	slot := &d.inflight[d.k%pathInFlight]
+	d.k++
+	slot.Done() // a no-op on a zero Ticket
+	*slot = tk
+	if n%8 == 0 {
+		i := int(n/8) % len(f.eps)
+		f.eps[i].SetMetrics(&f.ms[i])
 	}
 	return nil
 }
