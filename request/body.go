@@ -19,6 +19,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"unsafe"
 )
 
 // DefaultMaxBytes is the body size limit used when none is given.
@@ -121,17 +122,36 @@ func Parse(data []byte, maxBytes int64) (*Body, error) {
 	if int64(len(data)) > maxBytes {
 		return nil, fmt.Errorf("request: %w: %d bytes, limit %d", ErrTooLarge, len(data), maxBytes)
 	}
-	p := parser{s: scanner{b: data}}
+	// One allocation for the Body and its first messages, one for the
+	// bytes of every string it keeps.
+	pb := new(parsedBody)
+	p := parser{s: scanner{b: data}, out: &pb.Body, msgs: pb.msgs[:0], arena: make([]byte, 0, len(data))}
 	if err := p.body(); err != nil {
 		return nil, err
 	}
-	return &p.out, nil
+	return &pb.Body, nil
+}
+
+// inlineMessages is how many messages a parsed Body holds without another
+// allocation.
+const inlineMessages = 8
+
+// parsedBody is a Body and the backing array of its first messages,
+// allocated together.
+type parsedBody struct {
+	Body
+	msgs [inlineMessages]Message
 }
 
 type parser struct {
 	s   scanner
-	out Body
-	buf []byte // scratch for decoding strings
+	out *Body
+	// msgs is the backing array for out.Messages.
+	msgs []Message
+	// arena holds the bytes of every string out keeps. It is only ever
+	// appended to, so that a string made from it never changes: when an
+	// append moves it, the strings made so far keep the old array.
+	arena []byte
 
 	// Which prompt fields were present and their type errors, reported
 	// only for the field that decides the kind (messages over prompt).
@@ -257,13 +277,23 @@ func (p *parser) syntaxOnly(err error) error {
 	return nil
 }
 
-// string decodes a string value into a new Go string.
+// string decodes a string value into the arena and returns it as a Go
+// string that shares the arena's bytes.
 func (p *parser) string() (string, error) {
-	v, err := p.s.str(&p.buf)
+	start := len(p.arena)
+	v, decoded, err := p.s.scanString(p.arena, true)
 	if err != nil {
 		return "", err
 	}
-	return string(v), nil
+	if decoded {
+		p.arena = v
+	} else {
+		p.arena = append(p.arena, v...)
+	}
+	if len(p.arena) == start {
+		return "", nil
+	}
+	return unsafe.String(&p.arena[start], len(p.arena)-start), nil
 }
 
 func (p *parser) prompt() error {
@@ -308,7 +338,7 @@ func (p *parser) messages() error {
 	if s.peek() != '[' {
 		return fmt.Errorf("%w: \"messages\" must be an array", ErrPromptType)
 	}
-	p.out.Messages = []Message{}
+	p.out.Messages = p.msgs[:0]
 	return s.array(func() error {
 		n := len(p.out.Messages)
 		if s.peek() != '{' {

@@ -1,8 +1,10 @@
 package request
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -32,6 +34,7 @@ type scanner struct {
 	b     []byte
 	i     int
 	depth int
+	keys  []byte // scratch for keys with escapes (rare)
 }
 
 func (s *scanner) errorf(format string, args ...any) error {
@@ -84,13 +87,11 @@ func (s *scanner) object(field func(key []byte) error) error {
 		s.i++
 		return nil
 	}
-	var keyBuf [64]byte
 	for {
 		if s.peek() != '"' {
 			return s.errorf("want an object key")
 		}
-		scratch := keyBuf[:0]
-		key, err := s.str(&scratch)
+		key, err := s.str(&s.keys)
 		if err != nil {
 			return err
 		}
@@ -249,6 +250,38 @@ func (s *scanner) str(scratch *[]byte) ([]byte, error) {
 	return v, err
 }
 
+// Masks for plainRun's eight-bytes-at-a-time test.
+const (
+	lsb    = 0x0101010101010101
+	msb    = 0x8080808080808080
+	quote  = '"' * lsb
+	bslash = '\\' * lsb
+	space  = 0x20 * lsb
+)
+
+// plainRun returns the index of the first byte at or after i that ends a
+// string's plain run: a quote, a backslash, a control character or a
+// non-ASCII byte; len(b) when there is none. It tests eight bytes at a
+// time: a prompt is mostly plain text, and this loop is most of the
+// parser's time.
+func plainRun(b []byte, i int) int {
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		// Per byte, the high bit is set for: a non-ASCII byte; a byte
+		// below 0x20; a byte equal to '"' or '\\' (zero after the XOR).
+		// Borrows only flag bytes above a flagged one, so the lowest flag
+		// is exact.
+		q, e := x^quote, x^bslash
+		m := x | ((x - space) & ^x) | ((q - lsb) & ^q) | ((e - lsb) & ^e)
+		if m &= msb; m != 0 {
+			return i + bits.TrailingZeros64(m)/8
+		}
+	}
+	for ; i < len(b) && plainByte[b[i]]; i++ {
+	}
+	return i
+}
+
 // scanString consumes the string at the cursor. With decode, it returns the
 // decoded value: a slice of the input (decoded false) or dst grown (decoded
 // true).
@@ -258,9 +291,7 @@ func (s *scanner) scanString(dst []byte, decode bool) (v []byte, decoded bool, e
 	}
 	start := s.i
 	// Fast path: plain ASCII without escapes.
-	for s.i < len(s.b) && plainByte[s.b[s.i]] {
-		s.i++
-	}
+	s.i = plainRun(s.b, s.i)
 	if s.i < len(s.b) && s.b[s.i] == '"' {
 		s.i++
 		return s.b[start : s.i-1], false, nil
@@ -285,17 +316,29 @@ func (s *scanner) scanString(dst []byte, decode bool) (v []byte, decoded bool, e
 				dst = utf8.AppendRune(dst, r)
 			}
 		case c < utf8.RuneSelf:
+			run := plainRun(s.b, s.i+1)
 			if decode {
-				dst = append(dst, c)
+				dst = append(dst, s.b[s.i:run]...)
 			}
-			s.i++
+			s.i = run
 		default:
 			// Invalid UTF-8 becomes U+FFFD, as encoding/json decodes it.
 			r, size := utf8.DecodeRune(s.b[s.i:])
 			if decode {
-				dst = utf8.AppendRune(dst, r)
+				if r == utf8.RuneError && size == 1 {
+					dst = utf8.AppendRune(dst, r)
+				} else {
+					dst = append(dst, s.b[s.i:s.i+size]...)
+				}
 			}
 			s.i += size
+			if s.i < len(s.b) && s.b[s.i] < utf8.RuneSelf {
+				run := plainRun(s.b, s.i)
+				if decode {
+					dst = append(dst, s.b[s.i:run]...)
+				}
+				s.i = run
+			}
 		}
 	}
 	return nil, false, s.errorf("unterminated string")

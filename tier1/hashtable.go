@@ -52,6 +52,16 @@ func (t *blockTable) get(h uint64, x *PrefixIndex) int32 {
 	}
 }
 
+// touch loads h's home slot and returns a value of it, so that a caller
+// can bring the slots of many hashes into the cache with independent
+// loads before using them one by one.
+func (t *blockTable) touch(h uint64) uint32 {
+	if len(t.slots) == 0 {
+		return 0
+	}
+	return t.slots[t.homeOfTag(tagOf(h))].tag
+}
+
 // set makes hash h map to node, adding the entry if needed.
 func (t *blockTable) set(h uint64, node int32, x *PrefixIndex) {
 	if (t.n+1)*4 > len(t.slots)*3 {

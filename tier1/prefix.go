@@ -2,6 +2,7 @@ package tier1
 
 import (
 	"sync"
+	"sync/atomic"
 )
 
 // PrefixEvent says that an endpoint was sent (and so now caches) a prompt
@@ -29,24 +30,56 @@ type PrefixEvent struct {
 // evicts a prompt's tail blocks (GIE: its head blocks) first, as vLLM
 // (hashicorp/golang-lru in GIE) does.
 //
+// Concurrency: no lock covers the whole index. The block table, the
+// holder chains and the node slab are split by hash into stripes, each
+// with its own lock; an endpoint's list of entries has its own lock. A
+// match takes one stripe's read lock at a time; an add takes its
+// endpoint's lock, and each stripe's lock once for the event's blocks
+// that fall in it, so adds to different endpoints and matches run in
+// parallel.
+//
 // Memory: one 24-byte node and one 8-byte holder link per (endpoint,
 // block) entry plus one 8-byte table slot (at 3/8 to 3/4 load) per distinct block; see
 // BenchmarkPrefixIndexMemory for the measured bytes per entry.
 type PrefixIndex struct {
-	mu     sync.RWMutex
-	byHash blockTable     // block hash → first node holding it
-	chunks [][]prefixNode // node slab; node i is chunks[i>>chunkBits][i&chunkMask]
-	links  [][]holderLink // each node's holder-chain link, same indexing
-	used   int32          // nodes handed out from the slab
-	free   int32          // free list through next; nilNode when empty
-	pods   []podEntries   // by endpoint slot
+	stripes [numStripes]stripe
+	podsMu  sync.Mutex                    // serialises growing pods
+	pods    atomic.Pointer[[]*podEntries] // by endpoint slot
 }
 
+// A node is named by a ref: its index in its stripe's slab, shifted left
+// by stripeBits, or'ed with the stripe. All nodes of one hash live in the
+// stripe of that hash.
 const (
-	chunkBits = 12
-	chunkMask = 1<<chunkBits - 1
+	stripeBits = 4
+	numStripes = 1 << stripeBits
+	stripeMask = numStripes - 1
+	chunkBits  = 12
+	chunkMask  = 1<<chunkBits - 1
+	// maxChunks bounds a stripe's slab: 2^22 entries a stripe, 2^26 in
+	// all (64 pods of 1M blocks). Past it, new entries are not recorded.
+	maxChunks = 1 << 10
 	nilNode   = -1
 )
+
+// stripe is the part of the index for the hashes that map to it.
+type stripe struct {
+	mu    sync.RWMutex
+	table blockTable // block hash → first node holding it
+	// chunks is a fixed array, never a growing slice, because an
+	// endpoint's list links nodes of every stripe: the endpoint's add
+	// follows them under its own lock only, while another stripe's lock
+	// holder may be adding a chunk.
+	chunks [maxChunks]*nodeChunk
+	used   int32 // nodes handed out from the slab
+	free   int32 // free list through next (a ref); nilNode when empty
+	_      [64]byte
+}
+
+type nodeChunk struct {
+	nodes [1 << chunkBits]prefixNode
+	links [1 << chunkBits]holderLink
+}
 
 type prefixNode struct {
 	hash  uint64
@@ -63,46 +96,94 @@ type holderLink struct {
 	same int32 // next node with the same hash (another endpoint)
 }
 
-// podEntries is one endpoint's entries, newest first.
+// podEntries is one endpoint's entries, newest first. Its list and
+// counts, and the list links of its nodes, change only under mu.
 type podEntries struct {
+	mu         sync.Mutex
 	head, tail int32
 	n          int
 	capacity   int
+	// Scratch for add, under mu.
+	found  []int32 // per block of the event: its node, or nilNode
+	fresh  []bool  // per block: the node was made by this add
+	byRank []int32 // block (or evicted node) positions grouped by stripe
+	gone   []int32 // nodes to free
+	sink   uint32  // keeps the prefetching loads
 }
 
 // NewPrefixIndex returns an empty index.
 func NewPrefixIndex() *PrefixIndex {
-	return &PrefixIndex{free: nilNode}
+	x := &PrefixIndex{}
+	for i := range x.stripes {
+		x.stripes[i].free = nilNode
+	}
+	x.pods.Store(new([]*podEntries))
+	return x
+}
+
+// stripeOf is the stripe of a block hash: bits of h × φ that the block
+// table's tag (the top 32) does not use.
+func stripeOf(h uint64) int32 {
+	return int32((h*0x9e3779b97f4a7c15)>>(32-stripeBits)) & stripeMask
 }
 
 func (x *PrefixIndex) node(i int32) *prefixNode {
-	return &x.chunks[i>>chunkBits][i&chunkMask]
+	l := i >> stripeBits
+	return &x.stripes[i&stripeMask].chunks[l>>chunkBits].nodes[l&chunkMask]
 }
 
 func (x *PrefixIndex) link(i int32) *holderLink {
-	return &x.links[i>>chunkBits][i&chunkMask]
+	l := i >> stripeBits
+	return &x.stripes[i&stripeMask].chunks[l>>chunkBits].links[l&chunkMask]
 }
 
-func (x *PrefixIndex) alloc() int32 {
-	if x.free != nilNode {
-		i := x.free
-		x.free = x.node(i).next
+// alloc takes a node from stripe st (locked by the caller), or returns
+// nilNode when the stripe's slab is full.
+func (x *PrefixIndex) alloc(st int32) int32 {
+	t := &x.stripes[st]
+	if t.free != nilNode {
+		i := t.free
+		t.free = x.node(i).next
 		return i
 	}
-	if int(x.used)>>chunkBits == len(x.chunks) {
-		x.chunks = append(x.chunks, make([]prefixNode, 1<<chunkBits))
-		x.links = append(x.links, make([]holderLink, 1<<chunkBits))
+	c := int(t.used) >> chunkBits
+	if c == maxChunks {
+		return nilNode
 	}
-	i := x.used
-	x.used++
+	if t.chunks[c] == nil {
+		t.chunks[c] = new(nodeChunk)
+	}
+	i := t.used<<stripeBits | st
+	t.used++
 	return i
 }
 
+// pod returns an endpoint slot's entries, adding the slot if needed.
 func (x *PrefixIndex) pod(slot int32) *podEntries {
-	for int(slot) >= len(x.pods) {
-		x.pods = append(x.pods, podEntries{head: nilNode, tail: nilNode})
+	if pods := *x.pods.Load(); int(slot) < len(pods) {
+		return pods[slot]
 	}
-	return &x.pods[slot]
+	x.podsMu.Lock()
+	defer x.podsMu.Unlock()
+	pods := *x.pods.Load()
+	if int(slot) < len(pods) {
+		return pods[slot]
+	}
+	grown := make([]*podEntries, slot+1)
+	copy(grown, pods)
+	for i := len(pods); i < len(grown); i++ {
+		grown[i] = &podEntries{head: nilNode, tail: nilNode}
+	}
+	x.pods.Store(&grown)
+	return grown[slot]
+}
+
+// podIfAny returns an endpoint slot's entries, or nil.
+func (x *PrefixIndex) podIfAny(slot int32) *podEntries {
+	if pods := *x.pods.Load(); int(slot) < len(pods) {
+		return pods[slot]
+	}
+	return nil
 }
 
 // newer reports whether node a sorts before (is kept longer than) an entry
@@ -116,88 +197,235 @@ func newer(a *prefixNode, stamp int64, hash uint64) bool {
 // behaviour: later blocks of an event are newer, and an endpoint's
 // capacity is fixed by its first add. It returns how many leading blocks
 // the endpoint already held.
+//
+// It works in passes so that each stripe's lock is taken once: find the
+// blocks the endpoint holds next to the previous block in its own list
+// (the blocks of one prompt were stamped together, so a prompt sent again
+// finds them there without walking a holder chain, which for a system
+// prompt shared by every pod is as long as the pool); look up the others
+// and make nodes for the new ones, stripe by stripe; restamp and link the
+// entries into the endpoint's list in block order; unlink the oldest
+// entries beyond capacity; free them, stripe by stripe.
 func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64, gie bool) (held int) {
 	if len(hashes) == 0 {
 		return 0
 	}
-	ascending := gie
-	x.mu.Lock()
-	defer x.mu.Unlock()
 	p := x.pod(slot)
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if capacity > 0 && (p.capacity == 0 || !gie) {
 		p.capacity = capacity
 	}
 	if p.capacity <= 0 {
 		return 0
 	}
-	hint := int32(nilNode)
-	near := [2]int32{nilNode, nilNode}
+	stampOf := func(i int) int64 {
+		if gie {
+			return stamp + int64(i)
+		}
+		return stamp - int64(i)
+	}
+	n := len(hashes)
+	p.found, p.fresh = grow(p.found, n), grow(p.fresh, n)
+	clear(p.fresh)
+
+	// Pass 1: the endpoint's own list, next to the previous block's node.
+	// While every block so far was held, a block not found there is
+	// looked up in its chain at once (a lock for that block alone), so
+	// that the blocks after it can be found next to it: a prompt sent
+	// again is held from its first block, and its tail is new.
+	missing := 0
 	leading := true
 	for i, h := range hashes {
-		s := stamp - int64(i)
-		if ascending {
-			s = stamp + int64(i)
+		p.found[i] = nilNode
+		if i > 0 && p.found[i-1] != nilNode {
+			prev := x.node(p.found[i-1])
+			for _, c := range [2]int32{prev.prev, prev.next} {
+				if c != nilNode && x.node(c).hash == h {
+					p.found[i] = c
+					break
+				}
+			}
 		}
-		var existed bool
-		hint, existed, near = x.put(slot, p, h, s, hint, near)
+		if p.found[i] == nilNode && leading {
+			p.found[i] = x.holder(slot, h)
+			leading = p.found[i] != nilNode
+		}
+		if p.found[i] == nilNode {
+			missing++
+		}
+	}
+
+	// Pass 2: holder chains and new nodes, one stripe at a time. An entry
+	// older than everything kept by a full endpoint is not made: it would
+	// be evicted at once (every entry kept now stays at least as new).
+	if missing > 0 {
+		full := p.n >= p.capacity && p.tail != nilNode
+		var tail prefixNode
+		if full {
+			tail = *x.node(p.tail)
+		}
+		p.byRank = groupByStripe(p.byRank, n, func(i int) (int32, bool) {
+			return stripeOf(hashes[i]), p.found[i] == nilNode
+		})
+		for run := range stripeRuns(p.byRank) {
+			st := &x.stripes[stripeOf(hashes[run[0]])]
+			st.mu.Lock()
+			// Load every home slot first: the loads are independent, so
+			// their cache misses overlap instead of coming one a block.
+			for _, i := range run {
+				p.sink += st.table.touch(hashes[i])
+			}
+			for _, i := range run {
+				h, s := hashes[i], stampOf(int(i))
+				head := st.table.get(h, x)
+				for j := head; j != nilNode; j = x.link(j).same {
+					if x.link(j).pod == slot {
+						p.found[i] = j
+						break
+					}
+				}
+				if p.found[i] != nilNode || (full && newer(&tail, s, h)) {
+					continue
+				}
+				j := x.alloc(stripeOf(h))
+				if j == nilNode {
+					continue
+				}
+				*x.node(j) = prefixNode{hash: h, stamp: s, prev: nilNode, next: nilNode}
+				*x.link(j) = holderLink{pod: slot, same: head} // head is nilNode when the hash is new
+				st.table.set(h, j, x)
+				p.found[i], p.fresh[i] = j, true
+			}
+			st.mu.Unlock()
+		}
+	}
+
+	// Pass 3: stamps and list order, in block order.
+	hint := int32(nilNode)
+	leading = true
+	for i := range hashes {
+		j := p.found[i]
+		if j == nilNode {
+			leading = false
+			continue
+		}
+		existed := !p.fresh[i]
 		if leading = leading && existed; leading {
 			held++
 		}
+		nd := x.node(j)
+		switch s := stampOf(i); {
+		case !existed:
+			x.insert(p, j, hint)
+			p.n++
+		case s > nd.stamp:
+			x.unlink(p, j)
+			nd.stamp = s
+			x.insert(p, j, hint)
+		}
+		hint = j
 	}
+
+	// Passes 4 and 5: evict beyond capacity.
+	p.gone = p.gone[:0]
 	for p.n > p.capacity {
-		x.evict(p)
+		i := p.tail
+		x.unlink(p, i)
+		p.n--
+		p.gone = append(p.gone, i)
 	}
+	x.free(p, p.gone)
 	return held
 }
 
-// put inserts or refreshes one entry. It returns the node to use as the
-// next insertion hint, whether the entry existed, and, when it did, the
-// entry's neighbours before it moved. The blocks of one prompt sit next to
-// each other in an endpoint's list (they were stamped together), so the
-// next block of a prompt sent again is usually one of those neighbours:
-// checking them first avoids walking the block's holder chain, which for a
-// system prompt shared by every pod is as long as the pool.
-func (x *PrefixIndex) put(slot int32, p *podEntries, h uint64, s int64, hint int32, near [2]int32) (int32, bool, [2]int32) {
-	found := int32(nilNode)
-	for _, c := range near {
-		// A live node of this endpoint (nothing is freed during an add)
-		// with this hash is the endpoint's entry for it.
-		if c != nilNode && x.node(c).hash == h {
-			found = c
-			break
+// holder returns slot's node for hash h, or nilNode.
+func (x *PrefixIndex) holder(slot int32, h uint64) int32 {
+	st := &x.stripes[stripeOf(h)]
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	for j := st.table.get(h, x); j != nilNode; j = x.link(j).same {
+		if x.link(j).pod == slot {
+			return j
 		}
 	}
-	head := int32(nilNode)
-	if found == nilNode {
-		head = x.byHash.get(h, x)
-		for i := head; i != nilNode; i = x.link(i).same {
-			if x.link(i).pod == slot {
-				found = i
-				break
+	return nilNode
+}
+
+// free removes nodes, already unlinked from their endpoint's list, from
+// their hash chains and frees them, one stripe at a time. It reuses
+// p.byRank.
+func (x *PrefixIndex) free(p *podEntries, nodes []int32) {
+	if len(nodes) == 0 {
+		return
+	}
+	p.byRank = groupByStripe(p.byRank, len(nodes), func(k int) (int32, bool) {
+		return nodes[k] & stripeMask, true
+	})
+	for run := range stripeRuns(p.byRank) {
+		st := &x.stripes[nodes[run[0]]&stripeMask]
+		st.mu.Lock()
+		for _, k := range run { // as in add: overlap the misses
+			p.sink += st.table.touch(x.node(nodes[k]).hash) + uint32(x.link(nodes[k]).same)
+		}
+		for _, k := range run {
+			x.drop(st, nodes[k])
+		}
+		st.mu.Unlock()
+	}
+}
+
+// groupByStripe fills dst with the positions 0..n-1 that keep reports,
+// ordered by stripe, each run of one stripe ended by -1.
+func groupByStripe(dst []int32, n int, of func(i int) (st int32, keep bool)) []int32 {
+	var count [numStripes]int32
+	kept := 0
+	for i := range n {
+		if st, keep := of(i); keep {
+			count[st]++
+			kept++
+		}
+	}
+	runs := 0
+	for _, c := range count {
+		if c > 0 {
+			runs++
+		}
+	}
+	dst = grow(dst, kept+runs)
+	// Start of each stripe's run, leaving a slot for its end marker.
+	var at [numStripes]int32
+	next := int32(0)
+	for st, c := range count {
+		if c > 0 {
+			at[st] = next
+			next += c
+			dst[next] = -1
+			next++
+		}
+	}
+	for i := range n {
+		if st, keep := of(i); keep {
+			dst[at[st]] = int32(i)
+			at[st]++
+		}
+	}
+	return dst
+}
+
+// stripeRuns splits groupByStripe's output into its runs.
+func stripeRuns(grouped []int32) func(yield func([]int32) bool) {
+	return func(yield func([]int32) bool) {
+		start := 0
+		for i, v := range grouped {
+			if v == -1 {
+				if !yield(grouped[start:i]) {
+					return
+				}
+				start = i + 1
 			}
 		}
 	}
-	if found != nilNode {
-		n := x.node(found)
-		was := [2]int32{n.prev, n.next}
-		if s > n.stamp {
-			x.unlink(p, found)
-			n.stamp = s
-			x.insert(p, found, hint)
-		}
-		return found, true, was
-	}
-	none := [2]int32{nilNode, nilNode}
-	if p.n >= p.capacity && p.tail != nilNode && newer(x.node(p.tail), s, h) {
-		return hint, false, none // older than everything kept: it would be evicted at once
-	}
-	i := x.alloc()
-	*x.node(i) = prefixNode{hash: h, stamp: s}
-	*x.link(i) = holderLink{pod: slot, same: head} // head is nilNode when the hash is new
-	x.byHash.set(h, i, x)
-	x.insert(p, i, hint)
-	p.n++
-	return i, false, none
 }
 
 // insert links node i into p's list in (stamp, hash) order, searching from
@@ -259,24 +487,17 @@ func (x *PrefixIndex) unlink(p *podEntries, i int32) {
 	n.prev, n.next = nilNode, nilNode
 }
 
-// evict drops p's oldest entry.
-func (x *PrefixIndex) evict(p *podEntries) {
-	x.drop(p, p.tail)
-}
-
-// drop removes node i from its endpoint's list and its hash chain and frees
-// it.
-func (x *PrefixIndex) drop(p *podEntries, i int32) {
-	x.unlink(p, i)
-	p.n--
+// drop removes node i, unlinked from its endpoint's list, from its hash
+// chain and frees it. st is its stripe, locked by the caller.
+func (x *PrefixIndex) drop(st *stripe, i int32) {
 	n := x.node(i)
 	l := x.link(i)
-	head := x.byHash.get(n.hash, x)
+	head := st.table.get(n.hash, x)
 	if head == i {
 		if l.same == nilNode {
-			x.byHash.del(n.hash, x)
+			st.table.del(n.hash, x)
 		} else {
-			x.byHash.set(n.hash, l.same, x)
+			st.table.set(n.hash, l.same, x)
 		}
 	} else {
 		for j := head; j != nilNode; j = x.link(j).same {
@@ -286,22 +507,24 @@ func (x *PrefixIndex) drop(p *podEntries, i int32) {
 			}
 		}
 	}
-	n.next = x.free
-	x.free = i
+	n.next = st.free
+	st.free = i
 }
 
 // removePod forgets everything about an endpoint slot.
 func (x *PrefixIndex) removePod(slot int32) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if int(slot) >= len(x.pods) {
+	p := x.podIfAny(slot)
+	if p == nil {
 		return
 	}
-	p := &x.pods[slot]
-	for p.head != nilNode {
-		x.drop(p, p.head)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gone = p.gone[:0]
+	for i := p.head; i != nilNode; i = x.node(i).next {
+		p.gone = append(p.gone, i)
 	}
-	*p = podEntries{head: nilNode, tail: nilNode}
+	x.free(p, p.gone)
+	p.head, p.tail, p.n, p.capacity = nilNode, nilNode, 0, 0
 }
 
 // match counts, for every endpoint slot, the leading blocks of hashes it
@@ -313,22 +536,19 @@ func (x *PrefixIndex) removePod(slot int32) {
 // matchLongestPrefix). It returns the number of blocks scanned that some
 // endpoint held.
 func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool) int {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
 	for b, h := range hashes {
-		head := x.byHash.get(h, x)
-		if head == nilNode {
-			return b
-		}
+		st := &x.stripes[stripeOf(h)]
+		st.mu.RLock()
 		any := false
-		for i := head; i != nilNode; {
-			l := &x.links[i>>chunkBits][i&chunkMask]
+		for i := st.table.get(h, x); i != nilNode; {
+			l := x.link(i)
 			if int(l.pod) < len(counts) && (!consecutive || counts[l.pod] == int32(b)) {
 				counts[l.pod]++
 				any = true
 			}
 			i = l.same
 		}
+		st.mu.RUnlock()
 		if !any {
 			return b
 		}
@@ -338,21 +558,18 @@ func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool) i
 
 // matchOne is match for one slot.
 func (x *PrefixIndex) matchOne(slot int32, hashes []uint64, consecutive bool) int {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
 	got := 0
 	for _, h := range hashes {
-		head := x.byHash.get(h, x)
-		if head == nilNode {
-			break
-		}
+		st := &x.stripes[stripeOf(h)]
+		st.mu.RLock()
 		held := false
-		for i := head; i != nilNode; i = x.link(i).same {
+		for i := st.table.get(h, x); i != nilNode; i = x.link(i).same {
 			if x.link(i).pod == slot {
 				held = true
 				break
 			}
 		}
+		st.mu.RUnlock()
 		if held {
 			got++
 		} else if consecutive {
@@ -364,24 +581,25 @@ func (x *PrefixIndex) matchOne(slot int32, hashes []uint64, consecutive bool) in
 
 // Len returns the number of (endpoint, block) entries held.
 func (x *PrefixIndex) Len() int {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
 	n := 0
-	for i := range x.pods {
-		n += x.pods[i].n
+	for _, p := range *x.pods.Load() {
+		p.mu.Lock()
+		n += p.n
+		p.mu.Unlock()
 	}
 	return n
 }
 
 // entries lists a slot's entries newest first, for tests.
 func (x *PrefixIndex) entries(slot int32) []prefixNode {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	if int(slot) >= len(x.pods) {
+	p := x.podIfAny(slot)
+	if p == nil {
 		return nil
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	var out []prefixNode
-	for i := x.pods[slot].head; i != nilNode; i = x.node(i).next {
+	for i := p.head; i != nilNode; i = x.node(i).next {
 		out = append(out, *x.node(i))
 	}
 	return out

@@ -172,20 +172,28 @@ func BenchmarkPrefixIndexMemory(b *testing.B) {
 }
 
 // checkIndex verifies the index's invariants: every entry is reachable
-// from its hash's chain, chains hold only live entries of that hash, and
-// the table counts each distinct hash once.
+// from its hash's chain in its hash's stripe, chains hold only live
+// entries of that hash, and each stripe's table counts each of its
+// distinct hashes once.
 func checkIndex(t *testing.T, x *PrefixIndex) {
 	t.Helper()
-	distinct := map[uint64]int{}
-	for slot := range x.pods {
+	distinct := [numStripes]map[uint64]int{}
+	for i := range distinct {
+		distinct[i] = map[uint64]int{}
+	}
+	for slot, p := range *x.pods.Load() {
 		n := 0
-		for i := x.pods[slot].head; i != nilNode; i = x.node(i).next {
+		for i := p.head; i != nilNode; i = x.node(i).next {
 			nd := x.node(i)
 			if pod := x.link(i).pod; pod != int32(slot) {
 				t.Fatalf("node %d in slot %d's list says pod %d", i, slot, pod)
 			}
+			st := stripeOf(nd.hash)
+			if i&stripeMask != st {
+				t.Fatalf("node %d of hash %x lives in stripe %d, want %d", i, nd.hash, i&stripeMask, st)
+			}
 			found := false
-			for j := x.byHash.get(nd.hash, x); j != nilNode; j = x.link(j).same {
+			for j := x.stripes[st].table.get(nd.hash, x); j != nilNode; j = x.link(j).same {
 				if x.node(j).hash != nd.hash {
 					t.Fatalf("chain of %x holds %x", nd.hash, x.node(j).hash)
 				}
@@ -194,15 +202,17 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 			if !found {
 				t.Fatalf("entry %x of slot %d unreachable", nd.hash, slot)
 			}
-			distinct[nd.hash]++
+			distinct[st][nd.hash]++
 			n++
 		}
-		if n != x.pods[slot].n {
-			t.Fatalf("slot %d: %d listed, n = %d", slot, n, x.pods[slot].n)
+		if n != p.n {
+			t.Fatalf("slot %d: %d listed, n = %d", slot, n, p.n)
 		}
 	}
-	if x.byHash.n != len(distinct) {
-		t.Fatalf("table holds %d hashes, want %d", x.byHash.n, len(distinct))
+	for st := range x.stripes {
+		if x.stripes[st].table.n != len(distinct[st]) {
+			t.Fatalf("stripe %d's table holds %d hashes, want %d", st, x.stripes[st].table.n, len(distinct[st]))
+		}
 	}
 }
 
