@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/tier1"
 )
 
 // Options are the conditions of a replay, shared by every policy compared.
@@ -203,8 +204,8 @@ func Run(w *Workload, p Policy, o Options) (*Result, error) {
 			e.At(scaled(w.Records[next].Arrival, o.RateScale), arrive)
 		}
 		rec := &w.Records[i]
-		it := item{tokens: rec.InputTokens, hashIDs: rec.HashIDs}
 		req := sim.TraceRequest(*rec)
+		it := item{tokens: rec.InputTokens, hashIDs: rec.HashIDs, req: req}
 		if w.Adapters != nil {
 			it.adapter = w.Adapters[i]
 			req.Adapter = it.adapter
@@ -275,6 +276,7 @@ func failureReason(err error) string {
 		name string
 	}{
 		{sim.ErrContextLength, "context-length"},
+		{tier1.ErrContextLength, "context-length"},
 		{sim.ErrUnknownAdapter, "unknown-adapter"},
 		{sim.ErrServerError, "server-error"},
 		{sim.ErrRateLimited, "rate-limited"},

@@ -46,6 +46,10 @@ func newTier1Router(pods []*sim.Pod, model string, pol config.SchedulerPolicy, s
 	blockChars := sched.Policy().BlockSize
 	for i, p := range pods {
 		ep := pool.Add(p.Name(), p.Name())
+		// What the pod's /v1/models would say: its model, its registered
+		// adapters and its max-model-len. GIE mode does not use them.
+		cfg := p.Config()
+		ep.SetCapabilities(&tier1.Capabilities{Models: []string{p.Model()}, Adapters: cfg.Adapters, MaxModelLen: cfg.Profile.MaxModelLen})
 		r.eps = append(r.eps, ep)
 		r.slot[ep] = i
 		// GIE auto-tunes its block to the servers' KV block × 4 characters.
@@ -104,6 +108,11 @@ func (r *tier1Router) route(it *item, now time.Duration) (int, func(*sim.Outcome
 func (r *tier1Router) prepare(it *item) *tier1.Request {
 	req := &r.req
 	req.Model, req.Adapter, req.PromptTokens = r.model, it.adapter, it.tokens
+	// The trace's output length stands for the request's max_tokens.
+	req.MaxTokens = 0
+	if it.req != nil {
+		req.MaxTokens = it.req.OutputTokens
+	}
 	req.Hashes = req.Hashes[:0]
 	if len(it.hashIDs) > 0 {
 		r.text = promptText(r.text[:0], it.hashIDs, it.tokens, r.chars)
@@ -153,6 +162,8 @@ func newRouters(p Policy, pods []*sim.Pod, model string, replicas int, seed uint
 			out[i] = &random{rng: rand.New(rand.NewPCG(rs, rs^1)), n: len(pods)}
 		case LeastRequest:
 			out[i] = &leastRequest{rng: rand.New(rand.NewPCG(rs, rs^1)), active: make([]int, len(pods))}
+		case Oracle:
+			out[i] = &oracle{pods: pods, rng: rand.New(rand.NewPCG(rs, rs^1))}
 		case GIEDefault, Meridian:
 			r, err := newTier1Router(pods, model, p.Scheduler, rs)
 			if err != nil {

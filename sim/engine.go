@@ -176,6 +176,7 @@ func (e *Engine) kick(p *Pod) {
 		return
 	}
 	p.stepping = true
+	p.stepEndAt = e.now + d
 	e.push(e.now+d, p.stepEnd, false)
 }
 

@@ -71,9 +71,10 @@ type Pod struct {
 	stats  podStats
 
 	// Engine bookkeeping; unused by other drivers.
-	engine   *Engine
-	stepping bool
-	stepEnd  func()
+	engine    *Engine
+	stepping  bool
+	stepEnd   func()
+	stepEndAt time.Duration // when the step in progress ends
 }
 
 type loraSlot struct {

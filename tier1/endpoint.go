@@ -39,6 +39,39 @@ func (m *Metrics) hasAdapter(list []string, name string) bool {
 	return slices.Contains(list, name)
 }
 
+// Capabilities are what a model server can serve, as its /v1/models
+// reports it (vLLM lists each served model name with its max_model_len,
+// and each registered LoRA adapter as an entry whose parent is a base
+// model) or as configuration states it. Unlike vllm:lora_requests_info,
+// which lists only adapters running or waiting, Adapters lists every
+// adapter the server would accept. A Capabilities value is immutable once
+// handed to Endpoint.SetCapabilities.
+type Capabilities struct {
+	// Models are the base model names served.
+	Models []string
+	// Adapters are the LoRA adapters registered (--lora-modules or loaded
+	// at run time).
+	Adapters []string
+	// MaxModelLen is the most prompt plus output tokens a request may
+	// have (vLLM's --max-model-len); 0 when unknown.
+	MaxModelLen int
+}
+
+// serves reports whether the server accepts requests for target: one of
+// its models or adapters.
+func (c *Capabilities) serves(model, adapter string) bool {
+	if adapter != "" {
+		return slices.Contains(c.Adapters, adapter)
+	}
+	return len(c.Models) == 0 || slices.Contains(c.Models, model) || slices.Contains(c.Adapters, model)
+}
+
+// fits reports whether a request of prompt plus output tokens fits the
+// server's context.
+func (c *Capabilities) fits(tokens int) bool {
+	return c.MaxModelLen <= 0 || tokens <= c.MaxModelLen
+}
+
 // Endpoint is one model-server pod (one ip:port) of a pool: its last
 // scraped metrics plus Meridian's own accounting of what was sent to it
 // since. All methods are safe for concurrent use; decisions read an
@@ -76,7 +109,18 @@ type Endpoint struct {
 
 	pendingMu       sync.Mutex
 	pendingAdapters []string // adapters dispatched since the last scrape
+
+	caps atomic.Pointer[Capabilities] // nil: unknown, every request passes
 }
+
+// SetCapabilities installs what the endpoint can serve (nil: unknown).
+// Meridian-mode decisions then skip the endpoint for models and adapters
+// it does not serve and for requests longer than its MaxModelLen. c must
+// not be modified afterwards.
+func (e *Endpoint) SetCapabilities(c *Capabilities) { e.caps.Store(c) }
+
+// Capabilities returns what SetCapabilities last installed, or nil.
+func (e *Endpoint) Capabilities() *Capabilities { return e.caps.Load() }
 
 // SetReady marks the endpoint as able (or not) to take requests: discovery
 // readiness, or a failing scrape. Unready endpoints are never picked.

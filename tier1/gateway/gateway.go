@@ -50,6 +50,7 @@ const (
 	unknownModelMessage   = "no matching model: set the model in the request body or the x-gateway-model-name header"
 	noEndpointsMessage    = "no ready endpoint for model %q"
 	noCapableMessage      = "no endpoint can serve adapter %q of model %q"
+	contextLengthMessage  = "the request is longer than every endpoint of model %q accepts (about %d prompt tokens + max_tokens %d)"
 	defaultTargetPortPath = "/metrics"
 )
 
@@ -341,6 +342,10 @@ func (g *Gateway) syncScrapersLocked(ps *poolState) {
 		go scrape.Run(ctx, g.cfg.Scrape, g.scrapeM, scrape.Target{
 			Pool: ps.name,
 			URL:  "http://" + ep.Address + defaultTargetPortPath,
+			// What the pod serves: models, registered adapters and
+			// max_model_len, for the scheduler's capability filter.
+			ModelsURL:      "http://" + ep.Address + "/v1/models",
+			OnCapabilities: ep.SetCapabilities,
 			OnSample: func(s *scrape.Sample) {
 				m := s.Metrics
 				ep.SetMetrics(&m)
@@ -441,6 +446,10 @@ func (g *Gateway) decide(r *route, body *request.Body, meta Meta, target, adapte
 	g.metrics.scheduling.WithLabelValues(d.Pool).Observe(g.cfg.Now().Sub(start).Seconds())
 	if err != nil {
 		g.metrics.rejected.WithLabelValues(d.Pool, "no_endpoints").Inc()
+		if errors.Is(err, tier1.ErrContextLength) {
+			// What vLLM itself answers for a prompt beyond max_model_len.
+			return nil, request.BadRequest("context_length_exceeded", fmt.Sprintf(contextLengthMessage, target, d.Request.PromptTokens, d.Request.MaxTokens))
+		}
 		if errors.Is(err, tier1.ErrNoCapableEndpoint) {
 			return nil, request.Unavailable("no_capable_endpoint", fmt.Sprintf(noCapableMessage, adapter, target))
 		}
