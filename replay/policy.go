@@ -64,7 +64,7 @@ type Policy struct {
 }
 
 // ParsePolicy returns the policy named kind. weights applies to Meridian
-// only; nil means the documented defaults (queue 2, kvCache 2, prefix 3).
+// only; nil means the binary's defaults (config.DefaultWeights).
 func ParsePolicy(kind string, weights *config.Weights) (Policy, error) {
 	switch kind {
 	case RoundRobin, Random, LeastRequest, Oracle:
@@ -72,6 +72,7 @@ func ParsePolicy(kind string, weights *config.Weights) (Policy, error) {
 	case GIEDefault:
 		p := config.DefaultPolicy()
 		p.Scoring = config.ScoringGIE
+		p.Weights = config.GIEWeights()
 		return Policy{Name: kind, Kind: kind, Scheduler: p}, nil
 	case Meridian:
 		p := config.DefaultPolicy()

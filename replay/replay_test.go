@@ -137,7 +137,7 @@ func TestGIEDefaultHasGIESemantics(t *testing.T) {
 		t.Fatal(err)
 	}
 	gie := mustPolicy(t, GIEDefault)
-	if gie.Scheduler.Scoring != config.ScoringGIE || gie.Scheduler.Weights != (config.Weights{Queue: 2, KVCache: 2, Prefix: 3}) {
+	if gie.Scheduler.Scoring != config.ScoringGIE || gie.Scheduler.Weights != config.GIEWeights() {
 		t.Fatalf("gie-default policy %+v, want GIE scoring with weights 2/2/3", gie.Scheduler)
 	}
 	snapshot := []sim.Metrics{

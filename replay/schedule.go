@@ -24,9 +24,11 @@ type tier1Router struct {
 	eps   []*tier1.Endpoint // by pod index
 	slot  map[*tier1.Endpoint]int
 	model string
-	// peers receive this replica's dispatches as prefix events (Meridian
-	// mode with several replicas).
+	// peers receive this replica's dispatches as prefix events and its
+	// in-flight counts (Meridian mode with several replicas); name is the
+	// replica's name in them.
 	peers []*tier1Router
+	name  string
 
 	req   tier1.Request
 	dst   []*tier1.Endpoint
@@ -93,6 +95,7 @@ func (r *tier1Router) route(it *item, now time.Duration) (int, func(*sim.Outcome
 			p.sched.ApplyPrefixEvent(ev)
 		}
 	}
+	r.publishInFlight(ep)
 	return r.slot[ep], func(o *sim.Outcome) {
 		// The engine reports a request once, at its end; the TTFT it
 		// feeds the latency model is exact but arrives then, not at the
@@ -101,7 +104,16 @@ func (r *tier1Router) route(it *item, now time.Duration) (int, func(*sim.Outcome
 			ticket.FirstToken(ttft)
 		}
 		ticket.Done()
+		r.publishInFlight(ep)
 	}, nil
+}
+
+// publishInFlight tells the other replicas this one's in-flight count on
+// ep, as tier1/peers does live (here instantly).
+func (r *tier1Router) publishInFlight(ep *tier1.Endpoint) {
+	for _, p := range r.peers {
+		p.sched.ApplyPeerInFlight(r.name, ep.ID, ep.InFlight())
+	}
 }
 
 // prepare fills the replica's reusable tier1 request for it.
@@ -169,6 +181,7 @@ func newRouters(p Policy, pods []*sim.Pod, model string, replicas int, seed uint
 			if err != nil {
 				return nil, fmt.Errorf("replay: policy %s: %w", p.Name, err)
 			}
+			r.name = fmt.Sprintf("replica-%d", i)
 			t1 = append(t1, r)
 			out[i] = r
 		default:

@@ -106,6 +106,10 @@ type Endpoint struct {
 
 	// inFlight is dispatched minus done since the endpoint was added.
 	inFlight atomic.Int64
+	// peerInFlight is the other replicas' in-flight requests here, as
+	// they last reported them; peerBase its value at the last scrape.
+	peerInFlight atomic.Int64
+	peerBase     atomic.Int64
 
 	pendingMu       sync.Mutex
 	pendingAdapters []string // adapters dispatched since the last scrape
@@ -133,6 +137,7 @@ func (e *Endpoint) Ready() bool { return e.ready.Load() }
 // since the previous one. m must not be modified afterwards.
 func (e *Endpoint) SetMetrics(m *Metrics) {
 	e.metrics.Store(m)
+	e.peerBase.Store(e.peerInFlight.Load())
 	e.dispatched.Store(0)
 	e.tokens.Store(0)
 	e.completed.Store(0)
@@ -166,6 +171,8 @@ func (e *Endpoint) load() load {
 		m = &zeroMetrics
 	}
 	d, c := float64(e.dispatched.Load()), float64(e.completed.Load())
+	// Other replicas' requests sent since the scrape count as dispatched.
+	d += float64(max(0, e.peerInFlight.Load()-e.peerBase.Load()))
 	tok := float64(e.tokens.Load())
 	l := load{m: m, tokens: tok}
 	l.waiting = float64(m.Waiting) + max(0, d-c)

@@ -79,6 +79,11 @@ type Config struct {
 	// must not block and must copy nothing it keeps: ev.Hashes is owned by
 	// the callee.
 	OnDispatch func(pool string, ev tier1.PrefixEvent)
+	// OnInFlight, when set, is called after every dispatch and every end
+	// of a request in a Meridian-mode pool with the pool, the endpoint's
+	// ID and this replica's in-flight count there, for sharing with
+	// replicas (peers.Exchange.PublishInFlight). It must not block.
+	OnInFlight func(pool, endpoint string, count int64)
 }
 
 // Gateway holds the live pools and the routing table of one cluster.
@@ -471,7 +476,37 @@ func (g *Gateway) Dispatch(d *Decision, ep *tier1.Endpoint) *Attempt {
 	if g.cfg.OnDispatch != nil && len(d.Request.Hashes) > 0 && d.sched.SharesPrefixIndex() {
 		g.cfg.OnDispatch(d.Pool, tier1.PrefixEvent{Endpoint: ep.ID, Stamp: now.UnixNano(), Hashes: slices.Clone(d.Request.Hashes)})
 	}
-	return &Attempt{g: g, d: d, ticket: tk, sent: now}
+	a := &Attempt{g: g, d: d, ticket: tk, sent: now}
+	a.publishInFlight()
+	return a
+}
+
+// publishInFlight shares this replica's in-flight count on the attempt's
+// endpoint with the other replicas.
+func (a *Attempt) publishInFlight() {
+	if a.g.cfg.OnInFlight != nil && a.d.sched.SharesPrefixIndex() {
+		ep := a.ticket.Endpoint()
+		a.g.cfg.OnInFlight(a.d.Pool, ep.ID, ep.InFlight())
+	}
+}
+
+// ApplyPeerInFlight records another replica's in-flight count on an
+// endpoint of a pool (tier1.Scheduler.ApplyPeerInFlight).
+func (g *Gateway) ApplyPeerInFlight(pool, replica, endpoint string, count int64) bool {
+	t := g.table.Load()
+	for _, r := range t.byModel {
+		if r.state.name == pool {
+			return r.sched.ApplyPeerInFlight(replica, endpoint, count)
+		}
+	}
+	return false
+}
+
+// ForgetPeer drops the in-flight counts a replica reported, in every pool.
+func (g *Gateway) ForgetPeer(replica string) {
+	for _, v := range g.Pools() {
+		v.Pool.ForgetPeer(replica)
+	}
 }
 
 // ApplyPrefixEvent applies another replica's dispatch to a pool's index.
@@ -519,6 +554,7 @@ func (a *Attempt) Done(code int, failed bool) {
 		code = canceledCode
 	}
 	a.ticket.Done()
+	a.publishInFlight()
 	a.d.state.stats.observeOutcome(a.g.cfg.Now(), failed)
 	a.g.metrics.duration.WithLabelValues(a.d.Model, a.d.Pool).Observe(a.g.cfg.Now().Sub(a.sent).Seconds())
 	a.g.metrics.requests.WithLabelValues(modelLabel(a.g, a.d.Model), a.d.Target, a.d.Pool, codeLabel(code)).Inc()
