@@ -211,6 +211,9 @@ type item struct {
 	hashIDs []uint64
 	// req is the request the pod will be handed (the oracle's view).
 	req *sim.Request
+	// firstToken, if a router sets it in route, is called with the TTFT
+	// when the request's first token comes (as a streaming proxy sees it).
+	firstToken func(ttft time.Duration)
 }
 
 // roundRobin cycles through the pods.

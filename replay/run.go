@@ -216,7 +216,12 @@ func Run(w *Workload, p Policy, o Options) (*Result, error) {
 			return
 		}
 		res.Served[pods[k].Name()]++
-		e.Submit(pods[k], req, func(out sim.Outcome) {
+		var first func()
+		if it.firstToken != nil {
+			arrival := e.Now()
+			first = func() { it.firstToken(e.Now() - arrival) }
+		}
+		e.SubmitFirst(pods[k], req, first, func(out sim.Outcome) {
 			if done != nil {
 				done(&out)
 			}

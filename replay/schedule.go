@@ -96,12 +96,11 @@ func (r *tier1Router) route(it *item, now time.Duration) (int, func(*sim.Outcome
 		}
 	}
 	r.publishInFlight(ep)
+	// The latency model learns each TTFT at the first token, as live.
+	it.firstToken = func(ttft time.Duration) { ticket.FirstToken(ttft) }
 	return r.slot[ep], func(o *sim.Outcome) {
-		// The engine reports a request once, at its end; the TTFT it
-		// feeds the latency model is exact but arrives then, not at the
-		// first token as it does live.
 		if ttft := o.TTFT(); ttft >= 0 {
-			ticket.FirstToken(ttft)
+			ticket.FirstToken(ttft) // a one-token request: no earlier report
 		}
 		ticket.Done()
 		r.publishInFlight(ep)

@@ -106,6 +106,10 @@ type Endpoint struct {
 
 	// inFlight is dispatched minus done since the endpoint was added.
 	inFlight atomic.Int64
+	// backlog is the uncached prompt tokens of requests this replica sent
+	// here whose first token it has not seen: prefill work queued ahead of
+	// the next request, which the scraped counts do not size.
+	backlog atomic.Int64
 	// peerInFlight is the other replicas' in-flight requests here, as
 	// they last reported them; peerBase its value at the last scrape.
 	peerInFlight atomic.Int64
@@ -161,6 +165,7 @@ type load struct {
 	running float64 // scraped running − completions beyond dispatches
 	kv      float64 // scraped KV use + KV of prompt tokens sent since
 	tokens  float64 // prompt tokens sent since the scrape
+	backlog float64 // uncached prompt tokens sent and not yet first-tokened
 }
 
 var zeroMetrics Metrics
@@ -174,7 +179,7 @@ func (e *Endpoint) load() load {
 	// Other replicas' requests sent since the scrape count as dispatched.
 	d += float64(max(0, e.peerInFlight.Load()-e.peerBase.Load()))
 	tok := float64(e.tokens.Load())
-	l := load{m: m, tokens: tok}
+	l := load{m: m, tokens: tok, backlog: float64(max(0, e.backlog.Load()))}
 	l.waiting = float64(m.Waiting) + max(0, d-c)
 	l.running = max(0, float64(m.Running)-max(0, c-d))
 	l.kv = m.KVCacheUsage
@@ -208,6 +213,7 @@ type Ticket struct {
 	ep       *Endpoint
 	features [numFeatures]float64
 	hit      float64
+	backlog  int64 // this request's share of ep.backlog until its first token
 	done     bool
 	ttftSeen bool
 }
@@ -228,6 +234,16 @@ func (t *Ticket) FirstToken(ttft time.Duration) {
 	}
 	t.ttftSeen = true
 	t.ep.latency.observe(&t.features, ttft.Seconds())
+	t.clearBacklog()
+}
+
+// clearBacklog takes the request's prompt out of the endpoint's prefill
+// backlog (at its first token, or at its end without one).
+func (t *Ticket) clearBacklog() {
+	if t.backlog != 0 {
+		t.ep.backlog.Add(-t.backlog)
+		t.backlog = 0
+	}
 }
 
 // Done records that the request finished (or failed) and no longer loads
@@ -237,6 +253,7 @@ func (t *Ticket) Done() {
 		return
 	}
 	t.done = true
+	t.clearBacklog()
 	t.ep.completed.Add(1)
 	t.ep.inFlight.Add(-1)
 }

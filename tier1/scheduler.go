@@ -513,7 +513,7 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 			p[LoraAffinity] = s.loraScore(req, ep, l, nowNanos)
 		}
 		if all || w[PredictedLatency] > 0 {
-			x := latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.tokens)
+			x := latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.backlog)
 			p[PredictedLatency] = latScale / (latScale + ep.latency.predict(&x))
 		}
 		if all || w[LRU] > 0 {
@@ -681,7 +681,9 @@ func (s *Scheduler) Dispatch(ep *Endpoint, req *Request, now time.Time) Ticket {
 		held := s.pool.index.add(ep.slot, s.capacity(l.m), now.UnixNano(), req.Hashes, s.gie)
 		hit = float64(held) / float64(len(req.Hashes))
 	}
-	t := Ticket{ep: ep, hit: hit, features: latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.tokens)}
+	uncached := int64(float64(req.PromptTokens) * (1 - hit))
+	t := Ticket{ep: ep, hit: hit, backlog: uncached, features: latencyFeatures(l.waiting, l.running, float64(uncached), l.backlog)}
+	ep.backlog.Add(uncached)
 	ep.dispatched.Add(1)
 	ep.tokens.Add(int64(req.PromptTokens))
 	ep.inFlight.Add(1)
