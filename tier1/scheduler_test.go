@@ -324,7 +324,11 @@ func TestNoHerdingBetweenScrapes(t *testing.T) {
 			ms = append(ms, Metrics{Waiting: 2, Running: 10, KVCacheUsage: 0.3})
 		}
 		pool, _ := newPool(ms...)
-		s := newSched(t, pool, mode, config.DefaultWeights(), "")
+		w := config.DefaultWeights()
+		if mode == config.ScoringGIE {
+			w = config.GIEWeights()
+		}
+		s := newSched(t, pool, mode, w, "")
 		got := map[string]int{}
 		for i := range 24 {
 			req := &Request{Model: "llama", Hashes: []uint64{uint64(1000 + i)}, PromptTokens: 200}
