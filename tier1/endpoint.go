@@ -157,6 +157,10 @@ func (e *Endpoint) Metrics() *Metrics { return e.metrics.Load() }
 // InFlight is the number of requests dispatched and not yet done.
 func (e *Endpoint) InFlight() int64 { return e.inFlight.Load() }
 
+// PeerInFlight is the other replicas' in-flight requests here, as they
+// last reported them (Scheduler.ApplyPeerInFlight).
+func (e *Endpoint) PeerInFlight() int64 { return e.peerInFlight.Load() }
+
 // load is an endpoint's state as a decision sees it: the scrape corrected
 // by what Meridian sent and saw finish since.
 type load struct {

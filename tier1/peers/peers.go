@@ -107,6 +107,7 @@ type Exchange struct {
 	metrics *metrics
 
 	received, applied, unknown atomic.Int64
+	inFlight                   atomic.Int64 // in-flight counts applied
 
 	tier1v1.UnimplementedReplicasServer
 }
@@ -385,9 +386,7 @@ func (x *Exchange) Exchange(st grpc.BidiStreamingServer[tier1v1.PeerEvents, tier
 			}
 			for _, f := range m.GetInFlight() {
 				if fa != nil && fa.ApplyPeerInFlight(f.GetPool(), replica, f.GetEndpoint(), f.GetCount()) {
-					applied++
-				} else {
-					unknown++
+					x.inFlight.Add(1)
 				}
 			}
 		}
@@ -409,11 +408,14 @@ type Stats struct {
 	Received, Applied, Unknown int64
 	// Connected counts peers with an open stream.
 	Connected int
+	// InFlight counts other replicas' in-flight counts applied (not
+	// included in Received). Sent and Dropped include them.
+	InFlight int64
 }
 
 // Stats returns the counts so far.
 func (x *Exchange) Stats() Stats {
-	s := Stats{Received: x.received.Load(), Applied: x.applied.Load(), Unknown: x.unknown.Load()}
+	s := Stats{Received: x.received.Load(), Applied: x.applied.Load(), Unknown: x.unknown.Load(), InFlight: x.inFlight.Load()}
 	for _, p := range x.peers {
 		s.Sent += p.sent.Load()
 		s.Dropped += p.dropped.Load()
