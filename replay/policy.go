@@ -25,6 +25,11 @@ const (
 	// of 2: two distinct random pods, the one with fewer requests this
 	// replica has in flight (the first on a tie).
 	LeastRequest = "least-request"
+	// LeastOutstanding sends each request to the pod with the fewest
+	// requests this replica has in flight (all pods compared; ties to the
+	// first): the least-outstanding-requests balancing of AWS ALB and
+	// many proxies.
+	LeastOutstanding = "least-outstanding"
 	// GIEDefault is the Gateway API Inference Extension's default
 	// profile: queue 2, kv-cache 2, prefix 3, max-score picker, with GIE's
 	// scorer semantics (tier1's "gie" scoring mode).
@@ -43,7 +48,7 @@ const (
 )
 
 // PolicyKinds lists the policy names in the order help text shows them.
-var PolicyKinds = []string{RoundRobin, Random, LeastRequest, GIEDefault, Meridian, Oracle}
+var PolicyKinds = []string{RoundRobin, Random, LeastRequest, LeastOutstanding, GIEDefault, Meridian, Oracle}
 
 // ErrUnknownPolicy and ErrUnknownWeight are wrapped by the errors for bad
 // policy or weight names; the message lists the valid ones.
@@ -67,7 +72,7 @@ type Policy struct {
 // only; nil means the binary's defaults (config.DefaultWeights).
 func ParsePolicy(kind string, weights *config.Weights) (Policy, error) {
 	switch kind {
-	case RoundRobin, Random, LeastRequest, Oracle:
+	case RoundRobin, Random, LeastRequest, LeastOutstanding, Oracle:
 		return Policy{Name: kind, Kind: kind}, nil
 	case GIEDefault:
 		p := config.DefaultPolicy()
@@ -261,6 +266,22 @@ func (r *leastRequest) route(*item, time.Duration) (int, func(*sim.Outcome), err
 	return pick, func(*sim.Outcome) { r.active[pick]-- }, nil
 }
 func (r *leastRequest) scrape([]sim.Metrics, time.Duration) {}
+
+// leastOutstanding picks the pod with the fewest requests in flight from
+// this replica.
+type leastOutstanding struct{ active []int }
+
+func (r *leastOutstanding) route(*item, time.Duration) (int, func(*sim.Outcome), error) {
+	pick := 0
+	for i, n := range r.active {
+		if n < r.active[pick] {
+			pick = i
+		}
+	}
+	r.active[pick]++
+	return pick, func(*sim.Outcome) { r.active[pick]-- }, nil
+}
+func (r *leastOutstanding) scrape([]sim.Metrics, time.Duration) {}
 
 // oracle sends each request to the pod predicted, from the pods' true
 // state, to give it the earliest first token.

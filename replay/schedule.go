@@ -173,6 +173,8 @@ func newRouters(p Policy, pods []*sim.Pod, model string, replicas int, seed uint
 			out[i] = &random{rng: rand.New(rand.NewPCG(rs, rs^1)), n: len(pods)}
 		case LeastRequest:
 			out[i] = &leastRequest{rng: rand.New(rand.NewPCG(rs, rs^1)), active: make([]int, len(pods))}
+		case LeastOutstanding:
+			out[i] = &leastOutstanding{active: make([]int, len(pods))}
 		case Oracle:
 			out[i] = &oracle{pods: pods, rng: rand.New(rand.NewPCG(rs, rs^1))}
 		case GIEDefault, Meridian:

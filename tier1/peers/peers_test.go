@@ -45,6 +45,10 @@ spec:
     modelName: chat-model
     modelSelector: {matchLabels: {pool: chat}}
     scoring: %s
+    # Prefix-led weights (GIE's profile): these tests measure the shared
+    # prefix index, not the latency model, whose per-replica learning
+    # would add noise to the hit ratios on a loaded machine.
+    weights: {queue: 2, kvCache: 2, prefix: 3}
 `
 
 func startPods(tb testing.TB, k int) []*sim.LivePod {
