@@ -105,14 +105,15 @@ func snapshot(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev 
 
 func newPlatform(t *testing.T, weights string) *platform {
 	t.Helper()
-	return newPlatformOf(t, weights, map[string][]*sim.LivePod{
+	return newPlatformOf(t, weights, 300*time.Millisecond, map[string][]*sim.LivePod{
 		"chat": startPods(t, "h100", "chat-model", nil, 3),
 		"lora": startPods(t, "a10g", "base-8b", []string{"adapter-a", "adapter-b"}, 2),
 	})
 }
 
-// newPlatformOf puts a proxy in front of the given pods, by pool label.
-func newPlatformOf(t *testing.T, weights string, pods map[string][]*sim.LivePod) *platform {
+// newPlatformOf puts a proxy in front of the given pods, by pool label;
+// maxAge is the scheduler's MaxMetricsAge.
+func newPlatformOf(t *testing.T, weights string, maxAge time.Duration, pods map[string][]*sim.LivePod) *platform {
 	t.Helper()
 	p := &platform{pods: pods, byAddr: map[string]*sim.LivePod{}}
 	for _, lps := range p.pods {
@@ -124,7 +125,7 @@ func newPlatformOf(t *testing.T, weights string, pods map[string][]*sim.LivePod)
 		Cluster: "c1",
 		Logger:  quiet,
 		Scrape:  scrape.Config{Interval: 20 * time.Millisecond},
-		Options: tier1.Options{MaxMetricsAge: 300 * time.Millisecond},
+		Options: tier1.Options{MaxMetricsAge: maxAge},
 	}, snapshot(t, weights, p.pods, 1))
 	if err != nil {
 		t.Fatal(err)
@@ -353,7 +354,10 @@ func TestReloadWithoutLoss(t *testing.T) {
 func TestAdaptersRegisteredOnSomePods(t *testing.T) {
 	lora := append(startPods(t, "a10g", "base-8b", []string{"adapter-a"}, 2),
 		startPods(t, "a10g", "base-8b", []string{"adapter-b"}, 2)...)
-	p := newPlatformOf(t, "{queue: 2, kvCache: 2, prefix: 3, predictedLatency: 8, loraAffinity: 1}",
+	// Metrics never count as stale here: every pod stays a candidate, so
+	// the primary and two fallbacks include a pod that has the adapter
+	// even when Tier-1 believes the two that lack it have it.
+	p := newPlatformOf(t, "{queue: 2, kvCache: 2, prefix: 3, predictedLatency: 32, loraAffinity: 1}", time.Minute,
 		map[string][]*sim.LivePod{"chat": startPods(t, "h100", "chat-model", nil, 1), "lora": lora})
 	serves := func(addr, adapter string) bool {
 		lp := p.byAddr[addr]
