@@ -370,7 +370,7 @@ func TestGoodputSearch(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	_, err := ParsePolicy("least-conn", nil)
-	if !errors.Is(err, ErrUnknownPolicy) || !strings.Contains(err.Error(), "round-robin, random, least-request, gie-default, meridian") {
+	if !errors.Is(err, ErrUnknownPolicy) || !strings.Contains(err.Error(), "round-robin, random, least-request, least-outstanding, gie-default, meridian, oracle") {
 		t.Errorf("unknown policy: %v", err)
 	}
 	_, err = ParseWeights("queue=2,prefixx=3")
