@@ -36,7 +36,8 @@ func TestExamplesValidate(t *testing.T) {
 		t.Errorf("claims policy = %+v, want weights %+v, max-score, block 64, lru 31250", p, want)
 	}
 	p, _ = s.Policy("us-east-1a", "support-agent")
-	if p.Weights != (config.Weights{Prefix: 5, KVCache: 2, Queue: 2}) || p.Scoring != config.ScoringMeridian {
+	// The example ships the binary's defaults, written out.
+	if p.Weights != config.DefaultWeights() || p.Scoring != config.ScoringMeridian {
 		t.Errorf("support-agent policy = %+v", p)
 	}
 	if got := s.Endpoints("us-east-1a", map[string]string{"pool": "llama-8b-mixed"}); len(got) != 3 {

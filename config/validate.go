@@ -587,6 +587,9 @@ func (b *builder) schedulerPolicy(key ObjectKey, path string, sc Scheduler) (Sch
 		}
 	default:
 		p = DefaultPolicy()
+		if sc.Scoring == ScoringGIE {
+			p.Weights = GIEWeights() // GIE's own default profile
+		}
 	}
 	if sc.Scoring != "" {
 		p.Scoring = sc.Scoring

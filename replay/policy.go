@@ -25,6 +25,11 @@ const (
 	// of 2: two distinct random pods, the one with fewer requests this
 	// replica has in flight (the first on a tie).
 	LeastRequest = "least-request"
+	// LeastOutstanding sends each request to the pod with the fewest
+	// requests this replica has in flight (all pods compared; ties to the
+	// first): the least-outstanding-requests balancing of AWS ALB and
+	// many proxies.
+	LeastOutstanding = "least-outstanding"
 	// GIEDefault is the Gateway API Inference Extension's default
 	// profile: queue 2, kv-cache 2, prefix 3, max-score picker, with GIE's
 	// scorer semantics (tier1's "gie" scoring mode).
@@ -32,10 +37,18 @@ const (
 	// Meridian is Meridian's scheduler (tier1's "meridian" scoring mode)
 	// with the given weights, or a scheduler taken from a gateway config.
 	Meridian = "meridian"
+	// Oracle is the yardstick, not a deployable policy: at the instant of
+	// each decision it sees every pod's true state (waiting queue, running
+	// batch, prefix cache, adapter slots; no scrape staleness) and sends
+	// the request to the pod the simulator's own model predicts gives it
+	// the earliest first token (sim.Pod.PredictFirstToken), skipping pods
+	// that would refuse it. It is greedy: it does not plan for arrivals it
+	// has not seen. Replicas share its knowledge, which is the truth.
+	Oracle = "oracle"
 )
 
 // PolicyKinds lists the policy names in the order help text shows them.
-var PolicyKinds = []string{RoundRobin, Random, LeastRequest, GIEDefault, Meridian}
+var PolicyKinds = []string{RoundRobin, Random, LeastRequest, LeastOutstanding, GIEDefault, Meridian, Oracle}
 
 // ErrUnknownPolicy and ErrUnknownWeight are wrapped by the errors for bad
 // policy or weight names; the message lists the valid ones.
@@ -56,14 +69,15 @@ type Policy struct {
 }
 
 // ParsePolicy returns the policy named kind. weights applies to Meridian
-// only; nil means the documented defaults (queue 2, kvCache 2, prefix 3).
+// only; nil means the binary's defaults (config.DefaultWeights).
 func ParsePolicy(kind string, weights *config.Weights) (Policy, error) {
 	switch kind {
-	case RoundRobin, Random, LeastRequest:
+	case RoundRobin, Random, LeastRequest, LeastOutstanding, Oracle:
 		return Policy{Name: kind, Kind: kind}, nil
 	case GIEDefault:
 		p := config.DefaultPolicy()
 		p.Scoring = config.ScoringGIE
+		p.Weights = config.GIEWeights()
 		return Policy{Name: kind, Kind: kind, Scheduler: p}, nil
 	case Meridian:
 		p := config.DefaultPolicy()
@@ -200,6 +214,11 @@ type item struct {
 	tokens  int
 	adapter string
 	hashIDs []uint64
+	// req is the request the pod will be handed (the oracle's view).
+	req *sim.Request
+	// firstToken, if a router sets it in route, is called with the TTFT
+	// when the request's first token comes (as a streaming proxy sees it).
+	firstToken func(ttft time.Duration)
 }
 
 // roundRobin cycles through the pods.
@@ -247,3 +266,71 @@ func (r *leastRequest) route(*item, time.Duration) (int, func(*sim.Outcome), err
 	return pick, func(*sim.Outcome) { r.active[pick]-- }, nil
 }
 func (r *leastRequest) scrape([]sim.Metrics, time.Duration) {}
+
+// leastOutstanding picks the pod with the fewest requests in flight from
+// this replica.
+type leastOutstanding struct{ active []int }
+
+func (r *leastOutstanding) route(*item, time.Duration) (int, func(*sim.Outcome), error) {
+	pick := 0
+	for i, n := range r.active {
+		if n < r.active[pick] {
+			pick = i
+		}
+	}
+	r.active[pick]++
+	return pick, func(*sim.Outcome) { r.active[pick]-- }, nil
+}
+func (r *leastOutstanding) scrape([]sim.Metrics, time.Duration) {}
+
+// oracle sends each request to the pod predicted, from the pods' true
+// state, to give it the earliest first token.
+type oracle struct {
+	pods  []*sim.Pod
+	rng   *rand.Rand
+	order []int
+}
+
+func (o *oracle) route(it *item, now time.Duration) (int, func(*sim.Outcome), error) {
+	// Project the least loaded pods first: the best found so far bounds
+	// the projection of the rest.
+	o.order = o.order[:0]
+	for i := range o.pods {
+		o.order = append(o.order, i)
+	}
+	slices.SortStableFunc(o.order, func(a, b int) int { return o.pods[a].InFlight() - o.pods[b].InFlight() })
+	best, bestAt, ties := -1, time.Duration(0), 0
+	var refusal error
+	for _, i := range o.order {
+		limit := time.Duration(0)
+		if best >= 0 {
+			limit = bestAt
+		}
+		at, err := o.pods[i].PredictFirstToken(it.req, limit)
+		switch {
+		case errors.Is(err, sim.ErrBeyondLimit):
+			continue
+		case err != nil:
+			refusal = err
+			continue
+		}
+		switch {
+		case best < 0 || at < bestAt:
+			best, bestAt, ties = i, at, 1
+		case at == bestAt:
+			// Equal predictions (idle twins): an even draw among them.
+			ties++
+			if o.rng.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		if refusal == nil {
+			refusal = errors.New("no pod can give a first token")
+		}
+		return 0, nil, fmt.Errorf("replay: oracle: %w", refusal)
+	}
+	return best, nil, nil
+}
+func (o *oracle) scrape([]sim.Metrics, time.Duration) {}

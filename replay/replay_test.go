@@ -137,7 +137,7 @@ func TestGIEDefaultHasGIESemantics(t *testing.T) {
 		t.Fatal(err)
 	}
 	gie := mustPolicy(t, GIEDefault)
-	if gie.Scheduler.Scoring != config.ScoringGIE || gie.Scheduler.Weights != (config.Weights{Queue: 2, KVCache: 2, Prefix: 3}) {
+	if gie.Scheduler.Scoring != config.ScoringGIE || gie.Scheduler.Weights != config.GIEWeights() {
 		t.Fatalf("gie-default policy %+v, want GIE scoring with weights 2/2/3", gie.Scheduler)
 	}
 	snapshot := []sim.Metrics{
@@ -370,7 +370,7 @@ func TestGoodputSearch(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	_, err := ParsePolicy("least-conn", nil)
-	if !errors.Is(err, ErrUnknownPolicy) || !strings.Contains(err.Error(), "round-robin, random, least-request, gie-default, meridian") {
+	if !errors.Is(err, ErrUnknownPolicy) || !strings.Contains(err.Error(), "round-robin, random, least-request, least-outstanding, gie-default, meridian, oracle") {
 		t.Errorf("unknown policy: %v", err)
 	}
 	_, err = ParseWeights("queue=2,prefixx=3")

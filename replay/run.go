@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/tier1"
 )
 
 // Options are the conditions of a replay, shared by every policy compared.
@@ -224,8 +225,8 @@ func Run(w *Workload, p Policy, o Options) (*Result, error) {
 			e.At(scaled(w.Records[next].Arrival, o.RateScale), arrive)
 		}
 		rec := &w.Records[i]
-		it := item{tokens: rec.InputTokens, hashIDs: rec.HashIDs}
 		req := sim.TraceRequest(*rec)
+		it := item{tokens: rec.InputTokens, hashIDs: rec.HashIDs, req: req}
 		if w.Adapters != nil {
 			it.adapter = w.Adapters[i]
 			req.Adapter = it.adapter
@@ -236,7 +237,12 @@ func Run(w *Workload, p Policy, o Options) (*Result, error) {
 			return
 		}
 		res.Served[pods[k].Name()]++
-		e.Submit(pods[k], req, func(out sim.Outcome) {
+		var first func()
+		if it.firstToken != nil {
+			arrival := e.Now()
+			first = func() { it.firstToken(e.Now() - arrival) }
+		}
+		e.SubmitFirst(pods[k], req, first, func(out sim.Outcome) {
 			if done != nil {
 				done(&out)
 			}
@@ -298,6 +304,7 @@ func failureReason(err error) string {
 		name string
 	}{
 		{sim.ErrContextLength, "context-length"},
+		{tier1.ErrContextLength, "context-length"},
 		{sim.ErrUnknownAdapter, "unknown-adapter"},
 		{sim.ErrServerError, "server-error"},
 		{sim.ErrRateLimited, "rate-limited"},

@@ -24,9 +24,11 @@ type tier1Router struct {
 	eps   []*tier1.Endpoint // by pod index
 	slot  map[*tier1.Endpoint]int
 	model string
-	// peers receive this replica's dispatches as prefix events (Meridian
-	// mode with several replicas).
+	// peers receive this replica's dispatches as prefix events and its
+	// in-flight counts (Meridian mode with several replicas); name is the
+	// replica's name in them.
 	peers []*tier1Router
+	name  string
 
 	req   tier1.Request
 	dst   []*tier1.Endpoint
@@ -46,6 +48,10 @@ func newTier1Router(pods []*sim.Pod, model string, pol config.SchedulerPolicy, s
 	blockChars := sched.Policy().BlockSize
 	for i, p := range pods {
 		ep := pool.Add(p.Name(), p.Name())
+		// What the pod's /v1/models would say: its model, its registered
+		// adapters and its max-model-len. GIE mode does not use them.
+		cfg := p.Config()
+		ep.SetCapabilities(&tier1.Capabilities{Models: []string{p.Model()}, Adapters: cfg.Adapters, MaxModelLen: cfg.Profile.MaxModelLen})
 		r.eps = append(r.eps, ep)
 		r.slot[ep] = i
 		// GIE auto-tunes its block to the servers' KV block × 4 characters.
@@ -89,21 +95,35 @@ func (r *tier1Router) route(it *item, now time.Duration) (int, func(*sim.Outcome
 			p.sched.ApplyPrefixEvent(ev)
 		}
 	}
+	r.publishInFlight(ep)
+	// The latency model learns each TTFT at the first token, as live.
+	it.firstToken = func(ttft time.Duration) { ticket.FirstToken(ttft) }
 	return r.slot[ep], func(o *sim.Outcome) {
-		// The engine reports a request once, at its end; the TTFT it
-		// feeds the latency model is exact but arrives then, not at the
-		// first token as it does live.
 		if ttft := o.TTFT(); ttft >= 0 {
-			ticket.FirstToken(ttft)
+			ticket.FirstToken(ttft) // a one-token request: no earlier report
 		}
 		ticket.Done()
+		r.publishInFlight(ep)
 	}, nil
+}
+
+// publishInFlight tells the other replicas this one's in-flight count on
+// ep, as tier1/peers does live (here instantly).
+func (r *tier1Router) publishInFlight(ep *tier1.Endpoint) {
+	for _, p := range r.peers {
+		p.sched.ApplyPeerInFlight(r.name, ep.ID, ep.InFlight())
+	}
 }
 
 // prepare fills the replica's reusable tier1 request for it.
 func (r *tier1Router) prepare(it *item) *tier1.Request {
 	req := &r.req
 	req.Model, req.Adapter, req.PromptTokens = r.model, it.adapter, it.tokens
+	// The trace's output length stands for the request's max_tokens.
+	req.MaxTokens = 0
+	if it.req != nil {
+		req.MaxTokens = it.req.OutputTokens
+	}
 	req.Hashes = req.Hashes[:0]
 	if len(it.hashIDs) > 0 {
 		r.text = promptText(r.text[:0], it.hashIDs, it.tokens, r.chars)
@@ -153,11 +173,16 @@ func newRouters(p Policy, pods []*sim.Pod, model string, replicas int, seed uint
 			out[i] = &random{rng: rand.New(rand.NewPCG(rs, rs^1)), n: len(pods)}
 		case LeastRequest:
 			out[i] = &leastRequest{rng: rand.New(rand.NewPCG(rs, rs^1)), active: make([]int, len(pods))}
+		case LeastOutstanding:
+			out[i] = &leastOutstanding{active: make([]int, len(pods))}
+		case Oracle:
+			out[i] = &oracle{pods: pods, rng: rand.New(rand.NewPCG(rs, rs^1))}
 		case GIEDefault, Meridian:
 			r, err := newTier1Router(pods, model, p.Scheduler, rs)
 			if err != nil {
 				return nil, fmt.Errorf("replay: policy %s: %w", p.Name, err)
 			}
+			r.name = fmt.Sprintf("replica-%d", i)
 			t1 = append(t1, r)
 			out[i] = r
 		default:

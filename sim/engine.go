@@ -108,6 +108,32 @@ func (e *Engine) Submit(p *Pod, r *Request, done func(Outcome)) {
 	e.kick(p)
 }
 
+// SubmitFirst is Submit with first also called, on the engine's
+// goroutine at the virtual time of r's first token, when r gets one
+// before it ends (a streaming client seeing its first token). A request
+// that ends in the step of its first token (one output token) reports
+// only done.
+func (e *Engine) SubmitFirst(p *Pod, r *Request, first func(), done func(Outcome)) {
+	if p.engine != e {
+		e.Submit(p, r, done)
+		return
+	}
+	w := &firstWatch{first: first, done: done}
+	if err := p.Submit(e.now, r, w); err != nil {
+		o := Outcome{Request: r, Pod: p.Name(), Arrival: e.now, FirstToken: -1, Finish: e.now, Err: err}
+		e.push(e.now, func() { done(o) }, false)
+		return
+	}
+	p.WatchFirst(r)
+	e.kick(p)
+}
+
+// firstWatch is the tag of a request submitted with SubmitFirst.
+type firstWatch struct {
+	first func()
+	done  func(Outcome)
+}
+
 // SetFaults changes p's faults at Now; clearing Hang resumes it.
 func (e *Engine) SetFaults(p *Pod, f Faults) error {
 	if err := p.SetFaults(f); err != nil {
@@ -183,6 +209,7 @@ func (e *Engine) kick(p *Pod) {
 		return
 	}
 	p.stepping = true
+	p.stepEndAt = e.now + d
 	e.push(e.now+d, p.stepEnd, false)
 }
 
@@ -197,6 +224,17 @@ func (e *Engine) endStep(p *Pod) {
 // each request's callback as its tag.
 func deliver(evs []Event) {
 	for i := range evs {
+		if w, ok := evs[i].Tag.(*firstWatch); ok {
+			switch {
+			case evs[i].Kind == EventToken:
+				if w.first != nil {
+					w.first()
+				}
+			case w.done != nil:
+				w.done(evs[i].Outcome)
+			}
+			continue
+		}
 		if evs[i].Kind == EventToken {
 			continue
 		}

@@ -71,9 +71,10 @@ type Pod struct {
 	stats  podStats
 
 	// Engine bookkeeping; unused by other drivers.
-	engine   *Engine
-	stepping bool
-	stepEnd  func()
+	engine    *Engine
+	stepping  bool
+	stepEnd   func()
+	stepEndAt time.Duration // when the step in progress ends
 }
 
 type loraSlot struct {
@@ -114,6 +115,7 @@ type seq struct {
 	running     bool
 	done        bool
 	watch       bool
+	watchFirst  bool // report the first token (EventToken) even unwatched
 	cancel      bool // cancelled during a step; failed at EndStep
 }
 
@@ -235,6 +237,14 @@ func (p *Pod) Submit(now time.Duration, r *Request, tag any) error {
 func (p *Pod) Watch(r *Request) {
 	if s := p.byReq[r]; s != nil {
 		s.watch = true
+	}
+}
+
+// WatchFirst asks for one EventToken event, at the step that gives the
+// request submitted as r its first token (unless it also finishes then).
+func (p *Pod) WatchFirst(r *Request) {
+	if s := p.byReq[r]; s != nil {
+		s.watchFirst = true
 	}
 }
 
@@ -552,7 +562,8 @@ func (p *Pod) EndStep(now time.Duration) []Event {
 		}
 		s.generated++
 		p.stats.generationTokens++
-		if s.firstToken < 0 {
+		first := s.firstToken < 0
+		if first {
 			s.firstToken = now
 		}
 		switch {
@@ -562,7 +573,7 @@ func (p *Pod) EndStep(now time.Duration) []Event {
 		case p.faults.CrashAfterTokens > 0 && s.generated >= p.faults.CrashAfterTokens:
 			p.events = append(p.events, p.finish(now, s, fmt.Errorf("pod %s: after %d tokens: %w", p.cfg.Name, s.generated, ErrCrashed)))
 			finished = true
-		case s.watch:
+		case s.watch || first && s.watchFirst:
 			p.events = append(p.events, Event{Kind: EventToken, Tag: s.tag, Tokens: s.generated})
 		}
 	}

@@ -39,6 +39,39 @@ func (m *Metrics) hasAdapter(list []string, name string) bool {
 	return slices.Contains(list, name)
 }
 
+// Capabilities are what a model server can serve, as its /v1/models
+// reports it (vLLM lists each served model name with its max_model_len,
+// and each registered LoRA adapter as an entry whose parent is a base
+// model) or as configuration states it. Unlike vllm:lora_requests_info,
+// which lists only adapters running or waiting, Adapters lists every
+// adapter the server would accept. A Capabilities value is immutable once
+// handed to Endpoint.SetCapabilities.
+type Capabilities struct {
+	// Models are the base model names served.
+	Models []string
+	// Adapters are the LoRA adapters registered (--lora-modules or loaded
+	// at run time).
+	Adapters []string
+	// MaxModelLen is the most prompt plus output tokens a request may
+	// have (vLLM's --max-model-len); 0 when unknown.
+	MaxModelLen int
+}
+
+// serves reports whether the server accepts requests for target: one of
+// its models or adapters.
+func (c *Capabilities) serves(model, adapter string) bool {
+	if adapter != "" {
+		return slices.Contains(c.Adapters, adapter)
+	}
+	return len(c.Models) == 0 || slices.Contains(c.Models, model) || slices.Contains(c.Adapters, model)
+}
+
+// fits reports whether a request of prompt plus output tokens fits the
+// server's context.
+func (c *Capabilities) fits(tokens int) bool {
+	return c.MaxModelLen <= 0 || tokens <= c.MaxModelLen
+}
+
 // Endpoint is one model-server pod (one ip:port) of a pool: its last
 // scraped metrics plus Meridian's own accounting of what was sent to it
 // since. All methods are safe for concurrent use; decisions read an
@@ -73,10 +106,29 @@ type Endpoint struct {
 
 	// inFlight is dispatched minus done since the endpoint was added.
 	inFlight atomic.Int64
+	// backlog is the uncached prompt tokens of requests this replica sent
+	// here whose first token it has not seen: prefill work queued ahead of
+	// the next request, which the scraped counts do not size.
+	backlog atomic.Int64
+	// peerInFlight is the other replicas' in-flight requests here, as
+	// they last reported them; peerBase its value at the last scrape.
+	peerInFlight atomic.Int64
+	peerBase     atomic.Int64
 
 	pendingMu       sync.Mutex
 	pendingAdapters []string // adapters dispatched since the last scrape
+
+	caps atomic.Pointer[Capabilities] // nil: unknown, every request passes
 }
+
+// SetCapabilities installs what the endpoint can serve (nil: unknown).
+// Meridian-mode decisions then skip the endpoint for models and adapters
+// it does not serve and for requests longer than its MaxModelLen. c must
+// not be modified afterwards.
+func (e *Endpoint) SetCapabilities(c *Capabilities) { e.caps.Store(c) }
+
+// Capabilities returns what SetCapabilities last installed, or nil.
+func (e *Endpoint) Capabilities() *Capabilities { return e.caps.Load() }
 
 // SetReady marks the endpoint as able (or not) to take requests: discovery
 // readiness, or a failing scrape. Unready endpoints are never picked.
@@ -89,6 +141,7 @@ func (e *Endpoint) Ready() bool { return e.ready.Load() }
 // since the previous one. m must not be modified afterwards.
 func (e *Endpoint) SetMetrics(m *Metrics) {
 	e.metrics.Store(m)
+	e.peerBase.Store(e.peerInFlight.Load())
 	e.dispatched.Store(0)
 	e.tokens.Store(0)
 	e.completed.Store(0)
@@ -104,6 +157,10 @@ func (e *Endpoint) Metrics() *Metrics { return e.metrics.Load() }
 // InFlight is the number of requests dispatched and not yet done.
 func (e *Endpoint) InFlight() int64 { return e.inFlight.Load() }
 
+// PeerInFlight is the other replicas' in-flight requests here, as they
+// last reported them (Scheduler.ApplyPeerInFlight).
+func (e *Endpoint) PeerInFlight() int64 { return e.peerInFlight.Load() }
+
 // load is an endpoint's state as a decision sees it: the scrape corrected
 // by what Meridian sent and saw finish since.
 type load struct {
@@ -112,6 +169,7 @@ type load struct {
 	running float64 // scraped running − completions beyond dispatches
 	kv      float64 // scraped KV use + KV of prompt tokens sent since
 	tokens  float64 // prompt tokens sent since the scrape
+	backlog float64 // uncached prompt tokens sent and not yet first-tokened
 }
 
 var zeroMetrics Metrics
@@ -122,8 +180,10 @@ func (e *Endpoint) load() load {
 		m = &zeroMetrics
 	}
 	d, c := float64(e.dispatched.Load()), float64(e.completed.Load())
+	// Other replicas' requests sent since the scrape count as dispatched.
+	d += float64(max(0, e.peerInFlight.Load()-e.peerBase.Load()))
 	tok := float64(e.tokens.Load())
-	l := load{m: m, tokens: tok}
+	l := load{m: m, tokens: tok, backlog: float64(max(0, e.backlog.Load()))}
 	l.waiting = float64(m.Waiting) + max(0, d-c)
 	l.running = max(0, float64(m.Running)-max(0, c-d))
 	l.kv = m.KVCacheUsage
@@ -157,6 +217,7 @@ type Ticket struct {
 	ep       *Endpoint
 	features [numFeatures]float64
 	hit      float64
+	backlog  int64 // this request's share of ep.backlog until its first token
 	done     bool
 	ttftSeen bool
 }
@@ -177,6 +238,16 @@ func (t *Ticket) FirstToken(ttft time.Duration) {
 	}
 	t.ttftSeen = true
 	t.ep.latency.observe(&t.features, ttft.Seconds())
+	t.clearBacklog()
+}
+
+// clearBacklog takes the request's prompt out of the endpoint's prefill
+// backlog (at its first token, or at its end without one).
+func (t *Ticket) clearBacklog() {
+	if t.backlog != 0 {
+		t.ep.backlog.Add(-t.backlog)
+		t.backlog = 0
+	}
 }
 
 // Done records that the request finished (or failed) and no longer loads
@@ -186,6 +257,7 @@ func (t *Ticket) Done() {
 		return
 	}
 	t.done = true
+	t.clearBacklog()
 	t.ep.completed.Add(1)
 	t.ep.inFlight.Add(-1)
 }

@@ -9,13 +9,13 @@ import (
 // The latency model predicts a request's time to first token on one
 // endpoint as a linear function of what is ahead of it there:
 //
-//	TTFT ≈ θ0 + θ1·waiting + θ2·running/10 + θ3·uncached/1000 + θ4·inflight/1000
+//	TTFT ≈ θ0 + θ1·waiting + θ2·running/10 + θ3·uncached/1000 + θ4·backlog/1000
 //
 // where waiting counts requests queued ahead (scraped plus dispatched
 // since), running the batch it joins, uncached the prompt tokens this
 // request must prefill (its tokens less the prefix cached there), and
-// inflight the prompt tokens sent there since the last scrape that are
-// still to be prefilled. Each endpoint learns its own θ by recursive least
+// backlog the uncached prompt tokens this replica sent there whose first
+// token it has not yet seen (prefill queued ahead). Each endpoint learns its own θ by recursive least
 // squares with forgetting from the TTFTs it actually shows, so a slower
 // card (or one sharing its GPU) ends up with larger coefficients and the
 // same work is priced higher there. Until it has seen any, an endpoint
@@ -28,7 +28,7 @@ var latencyPrior = [numFeatures]float64{
 	0.08, // s per request waiting ahead
 	0.02, // s per 10 running requests (decode steps interleaved with prefill)
 	0.10, // s per 1000 uncached prompt tokens (10k tokens/s prefill)
-	0.10, // s per 1000 prompt tokens sent since the scrape
+	0.10, // s per 1000 prompt tokens queued ahead (backlog)
 }
 
 const (
@@ -59,8 +59,8 @@ type rlsState struct {
 	n int64
 }
 
-func latencyFeatures(waiting, running, uncachedTokens, inflightTokens float64) [numFeatures]float64 {
-	return [numFeatures]float64{1, waiting, running / 10, uncachedTokens / 1000, inflightTokens / 1000}
+func latencyFeatures(waiting, running, uncachedTokens, backlogTokens float64) [numFeatures]float64 {
+	return [numFeatures]float64{1, waiting, running / 10, uncachedTokens / 1000, backlogTokens / 1000}
 }
 
 // predict returns the predicted TTFT in seconds, never negative.

@@ -18,6 +18,7 @@ type Pool struct {
 	slots []bool // slot in use
 	index *PrefixIndex
 	lora  adapterDemand
+	peers peerCounts
 }
 
 type endpointSet struct {

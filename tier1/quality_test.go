@@ -174,7 +174,7 @@ func TestMeridianBeatsGIEOnMooncake(t *testing.T) {
 		for i, r := range trace {
 			reqs[i] = traced{at: time.Duration(float64(r.at) / rate), req: r.req}
 		}
-		gie := replayMooncake(t, reqs, gpus, config.ScoringGIE, config.DefaultWeights())
+		gie := replayMooncake(t, reqs, gpus, config.ScoringGIE, config.GIEWeights())
 		mer := replayMooncake(t, reqs, gpus, config.ScoringMeridian, config.DefaultWeights())
 		t.Logf("rate ×%.1f GIE scoring:      %v", rate, gie)
 		t.Logf("rate ×%.1f Meridian scoring: %v", rate, mer)

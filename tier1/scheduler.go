@@ -18,6 +18,10 @@ var (
 	ErrNoEndpoints = errors.New("no ready endpoint")
 	// ErrNoCapableEndpoint: no ready endpoint can serve the adapter.
 	ErrNoCapableEndpoint = errors.New("no endpoint can serve the adapter")
+	// ErrContextLength: the request (prompt plus max_tokens) is longer
+	// than the max_model_len of every ready endpoint that serves it. The
+	// data plane answers 400, as vLLM would.
+	ErrContextLength = errors.New("request longer than every endpoint's max_model_len")
 )
 
 // Scorer names, in the order of Score.Parts. They are the weights' names
@@ -136,6 +140,10 @@ type Request struct {
 	Hashes []uint64
 	// PromptTokens is the estimated prompt length in tokens.
 	PromptTokens int
+	// MaxTokens is the most output tokens the request asks for
+	// (max_tokens), 0 when unset. With PromptTokens it is checked against
+	// an endpoint's max_model_len (Capabilities).
+	MaxTokens int
 	// Tenant and Band are carried for the data plane's accounting; the
 	// scorers do not use them.
 	Tenant string
@@ -267,6 +275,7 @@ func (s *Scheduler) Prepare(req *Request, body *request.Body) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
 	req.PromptTokens = body.EstimateTokens()
+	req.MaxTokens = body.MaxTokens
 	if s.gie {
 		sc.text = request.AppendGIEPrompt(sc.text[:0], body)
 		req.Hashes = request.BlockHashes(req.Hashes[:0], request.Seed(req.target(), body.CacheSalt),
@@ -343,7 +352,7 @@ func (s *Scheduler) filter(req *Request, now time.Time, set *endpointSet, sc *sc
 	if req.Subset != nil && len(req.Subset) == 0 {
 		return fmt.Errorf("tier1: %w: the subset hint is empty", ErrNoEndpoints)
 	}
-	ready := 0
+	ready, tooLong := 0, 0
 	for _, ep := range set.list {
 		if !ep.ready.Load() || (req.Subset != nil && !inSubset(req.Subset, ep.Address)) {
 			continue
@@ -355,7 +364,15 @@ func (s *Scheduler) filter(req *Request, now time.Time, set *endpointSet, sc *sc
 			continue
 		}
 		m := ep.metrics.Load()
-		if req.Adapter != "" && m != nil && m.LoRAReported && m.MaxLoRA == 0 &&
+		if c := ep.caps.Load(); c != nil {
+			if !c.serves(req.Model, req.Adapter) {
+				continue
+			}
+			if !c.fits(req.PromptTokens + req.MaxTokens) {
+				tooLong++
+				continue
+			}
+		} else if req.Adapter != "" && m != nil && m.LoRAReported && m.MaxLoRA == 0 &&
 			!m.hasAdapter(m.RunningAdapters, req.Adapter) && !m.hasAdapter(m.WaitingAdapters, req.Adapter) {
 			continue
 		}
@@ -369,8 +386,12 @@ func (s *Scheduler) filter(req *Request, now time.Time, set *endpointSet, sc *sc
 		sc.cands = append(sc.cands, sc.stale...)
 	}
 	if len(sc.cands) == 0 {
+		if tooLong > 0 {
+			return fmt.Errorf("tier1: %w: %d prompt + %d output tokens on %d ready endpoints",
+				ErrContextLength, req.PromptTokens, req.MaxTokens, tooLong)
+		}
 		if ready > 0 {
-			return fmt.Errorf("tier1: %w: %q on %d ready endpoints", ErrNoCapableEndpoint, req.Adapter, ready)
+			return fmt.Errorf("tier1: %w: %q on %d ready endpoints", ErrNoCapableEndpoint, req.target(), ready)
 		}
 		if req.Subset != nil {
 			return fmt.Errorf("tier1: %w in the subset hint (%d addresses)", ErrNoEndpoints, len(req.Subset))
@@ -492,7 +513,7 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 			p[LoraAffinity] = s.loraScore(req, ep, l, nowNanos)
 		}
 		if all || w[PredictedLatency] > 0 {
-			x := latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.tokens)
+			x := latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.backlog)
 			p[PredictedLatency] = latScale / (latScale + ep.latency.predict(&x))
 		}
 		if all || w[LRU] > 0 {
@@ -660,7 +681,9 @@ func (s *Scheduler) Dispatch(ep *Endpoint, req *Request, now time.Time) Ticket {
 		held := s.pool.index.add(ep.slot, s.capacity(l.m), now.UnixNano(), req.Hashes, s.gie)
 		hit = float64(held) / float64(len(req.Hashes))
 	}
-	t := Ticket{ep: ep, hit: hit, features: latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.tokens)}
+	uncached := int64(float64(req.PromptTokens) * (1 - hit))
+	t := Ticket{ep: ep, hit: hit, backlog: uncached, features: latencyFeatures(l.waiting, l.running, float64(uncached), l.backlog)}
+	ep.backlog.Add(uncached)
 	ep.dispatched.Add(1)
 	ep.tokens.Add(int64(req.PromptTokens))
 	ep.inFlight.Add(1)

@@ -118,7 +118,7 @@ func TestGIEScorers(t *testing.T) {
 
 func TestGIEPrefixScorer(t *testing.T) {
 	pool, eps := newPool(Metrics{}, Metrics{}, Metrics{})
-	s := newSched(t, pool, config.ScoringGIE, config.DefaultWeights(), "")
+	s := newSched(t, pool, config.ScoringGIE, config.GIEWeights(), "")
 	body, err := request.Parse([]byte(`{"model":"llama","prompt":"`+strings.Repeat("abcdefgh", 64)+`"}`), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestGIEPrefixScorer(t *testing.T) {
 
 func TestGIEBlockSizeAutoTune(t *testing.T) {
 	pool, _ := newPool(Metrics{BlockSize: 32})
-	s := newSched(t, pool, config.ScoringGIE, config.DefaultWeights(), "")
+	s := newSched(t, pool, config.ScoringGIE, config.GIEWeights(), "")
 	body, _ := request.Parse([]byte(`{"model":"llama","prompt":"`+strings.Repeat("x", 1024)+`"}`), 0)
 	req := &Request{Model: "llama"}
 	s.Prepare(req, body)
@@ -324,7 +324,11 @@ func TestNoHerdingBetweenScrapes(t *testing.T) {
 			ms = append(ms, Metrics{Waiting: 2, Running: 10, KVCacheUsage: 0.3})
 		}
 		pool, _ := newPool(ms...)
-		s := newSched(t, pool, mode, config.DefaultWeights(), "")
+		w := config.DefaultWeights()
+		if mode == config.ScoringGIE {
+			w = config.GIEWeights()
+		}
+		s := newSched(t, pool, mode, w, "")
 		got := map[string]int{}
 		for i := range 24 {
 			req := &Request{Model: "llama", Hashes: []uint64{uint64(1000 + i)}, PromptTokens: 200}
@@ -355,24 +359,45 @@ func TestFilters(t *testing.T) {
 		req     Request
 		want    []string // acceptable primaries
 		err     error
+		caps    []*Capabilities // by pod; nil entries unknown
 	}{
-		{"stale avoided", []Metrics{{ScrapedAt: stale}, {Waiting: 30}}, nil, Request{}, []string{"p1"}, nil},
-		{"all stale fail open", []Metrics{{ScrapedAt: stale, Waiting: 9}, {ScrapedAt: stale}}, nil, Request{}, []string{"p1"}, nil},
-		{"unready never", []Metrics{{}, {Waiting: 30}}, []int{0}, Request{}, []string{"p1"}, nil},
-		{"none ready", []Metrics{{}}, []int{0}, Request{}, nil, ErrNoEndpoints},
-		{"subset", []Metrics{{}, {Waiting: 30}, {}}, nil, Request{Subset: []string{"10.0.0.1:8000"}}, []string{"p1"}, nil},
-		{"empty subset", []Metrics{{}}, nil, Request{Subset: []string{}}, nil, ErrNoEndpoints},
-		{"subset of nothing known", []Metrics{{}}, nil, Request{Subset: []string{"10.9.9.9:1"}}, nil, ErrNoEndpoints},
+		{"stale avoided", []Metrics{{ScrapedAt: stale}, {Waiting: 30}}, nil, Request{}, []string{"p1"}, nil, nil},
+		{"all stale fail open", []Metrics{{ScrapedAt: stale, Waiting: 9}, {ScrapedAt: stale}}, nil, Request{}, []string{"p1"}, nil, nil},
+		{"unready never", []Metrics{{}, {Waiting: 30}}, []int{0}, Request{}, []string{"p1"}, nil, nil},
+		{"none ready", []Metrics{{}}, []int{0}, Request{}, nil, ErrNoEndpoints, nil},
+		{"subset", []Metrics{{}, {Waiting: 30}, {}}, nil, Request{Subset: []string{"10.0.0.1:8000"}}, []string{"p1"}, nil, nil},
+		{"empty subset", []Metrics{{}}, nil, Request{Subset: []string{}}, nil, ErrNoEndpoints, nil},
+		{"subset of nothing known", []Metrics{{}}, nil, Request{Subset: []string{"10.9.9.9:1"}}, nil, ErrNoEndpoints, nil},
 		{"adapter needs lora", []Metrics{{LoRAReported: true, MaxLoRA: 0}, {LoRAReported: true, MaxLoRA: 2, Waiting: 30}}, nil,
-			Request{Adapter: "a"}, []string{"p1"}, nil},
-		{"adapter nowhere", []Metrics{{LoRAReported: true, MaxLoRA: 0}}, nil, Request{Adapter: "a"}, nil, ErrNoCapableEndpoint},
-		{"adapter unknown support", []Metrics{{}}, nil, Request{Adapter: "a"}, []string{"p0"}, nil},
+			Request{Adapter: "a"}, []string{"p1"}, nil, nil},
+		{"adapter nowhere", []Metrics{{LoRAReported: true, MaxLoRA: 0}}, nil, Request{Adapter: "a"}, nil, ErrNoCapableEndpoint, nil},
+		{"adapter unknown support", []Metrics{{}}, nil, Request{Adapter: "a"}, []string{"p0"}, nil, nil},
+		// /v1/models lists registered adapters, not only running ones: the
+		// idle pod without the adapter loses to a busy one that has it.
+		{"adapter registered elsewhere", []Metrics{{LoRAReported: true, MaxLoRA: 4}, {LoRAReported: true, MaxLoRA: 4, Waiting: 30}}, nil,
+			Request{Adapter: "a"}, []string{"p1"}, nil,
+			[]*Capabilities{{Models: []string{"llama"}, Adapters: []string{"b"}}, {Models: []string{"llama"}, Adapters: []string{"a"}}}},
+		{"adapter registered nowhere", []Metrics{{LoRAReported: true, MaxLoRA: 4}}, nil, Request{Adapter: "a"}, nil, ErrNoCapableEndpoint,
+			[]*Capabilities{{Models: []string{"llama"}, Adapters: []string{"b"}}}},
+		{"model not served", []Metrics{{}, {Waiting: 30}}, nil, Request{}, []string{"p1"}, nil,
+			[]*Capabilities{{Models: []string{"qwen"}}, {Models: []string{"llama"}}}},
+		{"too long for the short context", []Metrics{{}, {Waiting: 30}}, nil, Request{PromptTokens: 30000, MaxTokens: 4000}, []string{"p1"}, nil,
+			[]*Capabilities{{MaxModelLen: 32768}, {MaxModelLen: 131072}}},
+		{"fits the short context", []Metrics{{}, {Waiting: 30}}, nil, Request{PromptTokens: 30000, MaxTokens: 2000}, []string{"p0"}, nil,
+			[]*Capabilities{{MaxModelLen: 32768}, {MaxModelLen: 131072}}},
+		{"too long everywhere", []Metrics{{}, {}}, nil, Request{PromptTokens: 40000}, nil, ErrContextLength,
+			[]*Capabilities{{MaxModelLen: 32768}, {MaxModelLen: 32768}}},
+		{"too long beats stale fail-open", []Metrics{{ScrapedAt: stale}, {}}, nil, Request{PromptTokens: 40000}, []string{"p0"}, nil,
+			[]*Capabilities{{MaxModelLen: 131072}, {MaxModelLen: 32768}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			pool, eps := newPool(tt.pods...)
 			for _, i := range tt.unready {
 				eps[i].SetReady(false)
+			}
+			for i, c := range tt.caps {
+				eps[i].SetCapabilities(c)
 			}
 			s := newSched(t, pool, config.ScoringMeridian, config.DefaultWeights(), "")
 			tt.req.Model = "llama"
@@ -415,7 +440,7 @@ func TestFallbacksOrdered(t *testing.T) {
 func TestPickers(t *testing.T) {
 	// Ties break at random.
 	pool, _ := newPool(Metrics{}, Metrics{}, Metrics{}, Metrics{})
-	s := newSched(t, pool, config.ScoringGIE, config.DefaultWeights(), config.PickerMaxScore)
+	s := newSched(t, pool, config.ScoringGIE, config.GIEWeights(), config.PickerMaxScore)
 	seen := map[string]int{}
 	for range 400 {
 		got, _ := s.Schedule(&Request{Model: "llama"}, t0, nil)
@@ -560,7 +585,7 @@ func TestPrefixEventsBetweenReplicas(t *testing.T) {
 	if b.ApplyPrefixEvent(PrefixEvent{Endpoint: "gone", Hashes: req.Hashes}) {
 		t.Fatal("event for an unknown endpoint applied")
 	}
-	if !a.SharesPrefixIndex() || newSched(t, poolA, config.ScoringGIE, config.DefaultWeights(), "").SharesPrefixIndex() {
+	if !a.SharesPrefixIndex() || newSched(t, poolA, config.ScoringGIE, config.GIEWeights(), "").SharesPrefixIndex() {
 		t.Fatal("SharesPrefixIndex: want Meridian true, GIE false")
 	}
 }

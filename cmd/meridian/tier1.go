@@ -117,6 +117,7 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 			return nil, err
 		}
 		gcfg.OnDispatch = exchange.Publish
+		gcfg.OnInFlight = exchange.PublishInFlight
 	}
 	gw, err := gateway.New(gcfg, src.Snapshot())
 	if err != nil {

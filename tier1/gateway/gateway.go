@@ -51,6 +51,7 @@ const (
 	unknownModelMessage   = "no matching model: set the model in the request body or the x-gateway-model-name header"
 	noEndpointsMessage    = "no ready endpoint for model %q"
 	noCapableMessage      = "no endpoint can serve adapter %q of model %q"
+	contextLengthMessage  = "the request is longer than every endpoint of model %q accepts (about %d prompt tokens + max_tokens %d)"
 	defaultTargetPortPath = "/metrics"
 )
 
@@ -82,6 +83,11 @@ type Config struct {
 	// Prompts, when set, sees every routed prompt to report where tenants'
 	// prompts break the prefix cache; nil means no report.
 	Prompts *hygiene.Sketch
+	// OnInFlight, when set, is called after every dispatch and every end
+	// of a request in a Meridian-mode pool with the pool, the endpoint's
+	// ID and this replica's in-flight count there, for sharing with
+	// replicas (peers.Exchange.PublishInFlight). It must not block.
+	OnInFlight func(pool, endpoint string, count int64)
 }
 
 // Gateway holds the live pools and the routing table of one cluster.
@@ -345,6 +351,10 @@ func (g *Gateway) syncScrapersLocked(ps *poolState) {
 		go scrape.Run(ctx, g.cfg.Scrape, g.scrapeM, scrape.Target{
 			Pool: ps.name,
 			URL:  "http://" + ep.Address + defaultTargetPortPath,
+			// What the pod serves: models, registered adapters and
+			// max_model_len, for the scheduler's capability filter.
+			ModelsURL:      "http://" + ep.Address + "/v1/models",
+			OnCapabilities: ep.SetCapabilities,
 			OnSample: func(s *scrape.Sample) {
 				m := s.Metrics
 				ep.SetMetrics(&m)
@@ -445,6 +455,10 @@ func (g *Gateway) decide(r *route, body *request.Body, meta Meta, target, adapte
 	g.metrics.scheduling.WithLabelValues(d.Pool).Observe(g.cfg.Now().Sub(start).Seconds())
 	if err != nil {
 		g.metrics.rejected.WithLabelValues(d.Pool, "no_endpoints").Inc()
+		if errors.Is(err, tier1.ErrContextLength) {
+			// What vLLM itself answers for a prompt beyond max_model_len.
+			return nil, request.BadRequest("context_length_exceeded", fmt.Sprintf(contextLengthMessage, target, d.Request.PromptTokens, d.Request.MaxTokens))
+		}
 		if errors.Is(err, tier1.ErrNoCapableEndpoint) {
 			return nil, request.Unavailable("no_capable_endpoint", fmt.Sprintf(noCapableMessage, adapter, target))
 		}
@@ -467,7 +481,37 @@ func (g *Gateway) Dispatch(d *Decision, ep *tier1.Endpoint) *Attempt {
 	if g.cfg.OnDispatch != nil && len(d.Request.Hashes) > 0 && d.sched.SharesPrefixIndex() {
 		g.cfg.OnDispatch(d.Pool, tier1.PrefixEvent{Endpoint: ep.ID, Stamp: now.UnixNano(), Hashes: slices.Clone(d.Request.Hashes)})
 	}
-	return &Attempt{g: g, d: d, ticket: tk, sent: now}
+	a := &Attempt{g: g, d: d, ticket: tk, sent: now}
+	a.publishInFlight()
+	return a
+}
+
+// publishInFlight shares this replica's in-flight count on the attempt's
+// endpoint with the other replicas.
+func (a *Attempt) publishInFlight() {
+	if a.g.cfg.OnInFlight != nil && a.d.sched.SharesPrefixIndex() {
+		ep := a.ticket.Endpoint()
+		a.g.cfg.OnInFlight(a.d.Pool, ep.ID, ep.InFlight())
+	}
+}
+
+// ApplyPeerInFlight records another replica's in-flight count on an
+// endpoint of a pool (tier1.Scheduler.ApplyPeerInFlight).
+func (g *Gateway) ApplyPeerInFlight(pool, replica, endpoint string, count int64) bool {
+	t := g.table.Load()
+	for _, r := range t.byModel {
+		if r.state.name == pool {
+			return r.sched.ApplyPeerInFlight(replica, endpoint, count)
+		}
+	}
+	return false
+}
+
+// ForgetPeer drops the in-flight counts a replica reported, in every pool.
+func (g *Gateway) ForgetPeer(replica string) {
+	for _, v := range g.Pools() {
+		v.Pool.ForgetPeer(replica)
+	}
 }
 
 // ApplyPrefixEvent applies another replica's dispatch to a pool's index.
@@ -515,6 +559,7 @@ func (a *Attempt) Done(code int, failed bool) {
 		code = canceledCode
 	}
 	a.ticket.Done()
+	a.publishInFlight()
 	a.d.state.stats.observeOutcome(a.g.cfg.Now(), failed)
 	a.g.metrics.duration.WithLabelValues(a.d.Model, a.d.Pool).Observe(a.g.cfg.Now().Sub(a.sent).Seconds())
 	a.g.metrics.requests.WithLabelValues(modelLabel(a.g, a.d.Model), a.d.Target, a.d.Pool, codeLabel(code)).Inc()

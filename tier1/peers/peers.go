@@ -86,6 +86,16 @@ type Applier interface {
 	ApplyPrefixEvent(pool string, ev tier1.PrefixEvent) bool
 }
 
+// InFlightApplier is an Applier that also takes other replicas' in-flight
+// counts (gateway.Gateway does): ApplyPeerInFlight records a replica's
+// count on an endpoint of a pool, ForgetPeer drops a replica's counts when
+// its stream ends. Same goroutines and rules as Applier.
+type InFlightApplier interface {
+	Applier
+	ApplyPeerInFlight(pool, replica, endpoint string, count int64) bool
+	ForgetPeer(replica string)
+}
+
 // Exchange sends this replica's prefix events to its peers and applies
 // theirs. Build it with New, hand Publish to gateway.Config.OnDispatch,
 // Register it on the replica's gRPC server and Start it.
@@ -97,6 +107,7 @@ type Exchange struct {
 	metrics *metrics
 
 	received, applied, unknown atomic.Int64
+	inFlight                   atomic.Int64 // in-flight counts applied
 
 	tier1v1.UnimplementedReplicasServer
 }
@@ -112,9 +123,13 @@ type peer struct {
 	connected atomic.Bool
 }
 
+// item is one queued event: a prefix event, or (inFlight set) this
+// replica's in-flight count on ev.Endpoint.
 type item struct {
-	pool string
-	ev   tier1.PrefixEvent
+	pool     string
+	ev       tier1.PrefixEvent
+	inFlight bool
+	count    int64
 }
 
 // New validates cfg and returns an Exchange that is not yet running.
@@ -167,7 +182,23 @@ func New(cfg Config) (*Exchange, error) {
 // signature of gateway.Config.OnDispatch and takes ownership of
 // ev.Hashes, which it only reads.
 func (x *Exchange) Publish(pool string, ev tier1.PrefixEvent) {
-	it := item{pool, ev}
+	it := item{pool: pool, ev: ev}
+	for _, p := range x.peers {
+		select {
+		case p.queue <- it:
+		default:
+			p.dropped.Add(1)
+			x.metrics.events.WithLabelValues(p.addr, "dropped").Inc()
+		}
+	}
+}
+
+// PublishInFlight queues this replica's in-flight count on an endpoint
+// for every peer, like Publish. It has the signature of
+// gateway.Config.OnInFlight. Counts are absolute, so a dropped one is
+// corrected by the next.
+func (x *Exchange) PublishInFlight(pool, endpoint string, count int64) {
+	it := item{pool: pool, ev: tier1.PrefixEvent{Endpoint: endpoint}, inFlight: true, count: count}
 	for _, p := range x.peers {
 		select {
 		case p.queue <- it:
@@ -271,16 +302,20 @@ func (x *Exchange) stream(ctx context.Context, client tier1v1.ReplicasClient, p 
 			return true, fmt.Errorf("peers: stream to %s: %w", p.addr, err)
 		case it = <-p.queue:
 		}
-		msg.Prefix = msg.Prefix[:0]
+		msg.Prefix, msg.InFlight = msg.Prefix[:0], msg.InFlight[:0]
 		for {
-			n := len(msg.Prefix)
-			if n == len(store) {
-				store = append(store, &tier1v1.PrefixEvent{})
+			if it.inFlight {
+				msg.InFlight = append(msg.InFlight, &tier1v1.InFlight{Pool: it.pool, Endpoint: it.ev.Endpoint, Count: it.count})
+			} else {
+				n := len(msg.Prefix)
+				if n == len(store) {
+					store = append(store, &tier1v1.PrefixEvent{})
+				}
+				e := store[n]
+				e.Pool, e.Endpoint, e.Hashes, e.Stamp = it.pool, it.ev.Endpoint, it.ev.Hashes, it.ev.Stamp
+				msg.Prefix = append(msg.Prefix, e)
 			}
-			e := store[n]
-			e.Pool, e.Endpoint, e.Hashes, e.Stamp = it.pool, it.ev.Endpoint, it.ev.Hashes, it.ev.Stamp
-			msg.Prefix = append(msg.Prefix, e)
-			if len(msg.Prefix) == x.cfg.BatchSize {
+			if len(msg.Prefix)+len(msg.InFlight) == x.cfg.BatchSize {
 				break
 			}
 			var more bool
@@ -293,25 +328,35 @@ func (x *Exchange) stream(ctx context.Context, client tier1v1.ReplicasClient, p 
 				break
 			}
 		}
-		evs := msg.Prefix
+		evs := len(msg.Prefix) + len(msg.InFlight)
 		if err := st.Send(msg); err != nil {
 			// The events in msg are lost; the next stream starts with
 			// what is queued now.
-			p.dropped.Add(int64(len(evs)))
-			x.metrics.events.WithLabelValues(p.addr, "dropped").Add(float64(len(evs)))
+			p.dropped.Add(int64(evs))
+			x.metrics.events.WithLabelValues(p.addr, "dropped").Add(float64(evs))
 			if errors.Is(err, io.EOF) {
 				err = <-ended // the real reason
 			}
 			return true, fmt.Errorf("peers: sending to %s: %w", p.addr, err)
 		}
-		p.sent.Add(int64(len(evs)))
-		x.metrics.events.WithLabelValues(p.addr, "sent").Add(float64(len(evs)))
+		p.sent.Add(int64(evs))
+		x.metrics.events.WithLabelValues(p.addr, "sent").Add(float64(evs))
 	}
 }
 
 // Exchange is the server side of a peer's stream: it applies the peer's
 // events. It sends nothing back.
 func (x *Exchange) Exchange(st grpc.BidiStreamingServer[tier1v1.PeerEvents, tier1v1.PeerEvents]) error {
+	var replica string // the peer's name, once it sent something
+	defer func() {
+		// Its requests no longer count here: the replica stopped, or it
+		// reconnects and reports its counts again.
+		if box := x.into.Load(); box != nil && replica != "" {
+			if fa, ok := box.Applier.(InFlightApplier); ok {
+				fa.ForgetPeer(replica)
+			}
+		}
+	}()
 	for {
 		m, err := st.Recv()
 		if err != nil {
@@ -333,6 +378,18 @@ func (x *Exchange) Exchange(st grpc.BidiStreamingServer[tier1v1.PeerEvents, tier
 				unknown++
 			}
 		}
+		if len(m.GetInFlight()) > 0 {
+			replica = m.GetReplica()
+			var fa InFlightApplier
+			if box != nil {
+				fa, _ = box.Applier.(InFlightApplier)
+			}
+			for _, f := range m.GetInFlight() {
+				if fa != nil && fa.ApplyPeerInFlight(f.GetPool(), replica, f.GetEndpoint(), f.GetCount()) {
+					x.inFlight.Add(1)
+				}
+			}
+		}
 		x.received.Add(applied + unknown)
 		x.applied.Add(applied)
 		x.unknown.Add(unknown)
@@ -351,11 +408,14 @@ type Stats struct {
 	Received, Applied, Unknown int64
 	// Connected counts peers with an open stream.
 	Connected int
+	// InFlight counts other replicas' in-flight counts applied (not
+	// included in Received). Sent and Dropped include them.
+	InFlight int64
 }
 
 // Stats returns the counts so far.
 func (x *Exchange) Stats() Stats {
-	s := Stats{Received: x.received.Load(), Applied: x.applied.Load(), Unknown: x.unknown.Load()}
+	s := Stats{Received: x.received.Load(), Applied: x.applied.Load(), Unknown: x.unknown.Load(), InFlight: x.inFlight.Load()}
 	for _, p := range x.peers {
 		s.Sent += p.sent.Load()
 		s.Dropped += p.dropped.Load()

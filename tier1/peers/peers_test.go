@@ -45,6 +45,10 @@ spec:
     modelName: chat-model
     modelSelector: {matchLabels: {pool: chat}}
     scoring: %s
+    # Prefix-led weights (GIE's profile): these tests measure the shared
+    # prefix index, not the latency model, whose per-replica learning
+    # would add noise to the hit ratios on a loaded machine.
+    weights: {queue: 2, kvCache: 2, prefix: 3}
 `
 
 func startPods(tb testing.TB, k int) []*sim.LivePod {
@@ -129,6 +133,7 @@ func startReplicas(tb testing.TB, n int, scoring string, share bool, pods []*sim
 			}
 			r.x = x
 			gcfg.OnDispatch = x.Publish
+			gcfg.OnInFlight = x.PublishInFlight
 		}
 		gw, err := gateway.New(gcfg, snapshot(tb, scoring, pods))
 		if err != nil {
@@ -460,4 +465,48 @@ func TestConcurrentPublish(t *testing.T) {
 		t.Fatalf("receiver: %+v; want everything applied", st)
 	}
 	t.Logf("sender: %+v", a.Stats())
+}
+
+// Replicas tell each other their in-flight counts: a request held open on
+// one replica shows on the other's endpoint, and is gone from it once the
+// request ends.
+func TestReplicasShareInFlight(t *testing.T) {
+	pods := startPods(t, 2)
+	rs := startReplicas(t, 2, "meridian", true, pods)
+	peerCount := func(r *replica) int64 {
+		var n int64
+		for _, v := range r.gw.Pools() {
+			for _, ep := range v.Pool.Endpoints() {
+				n += ep.PeerInFlight()
+			}
+		}
+		return n
+	}
+	// Published counts are absolute: the latest per endpoint wins.
+	ep := rs[0].gw.Pools()[0].Pool.Endpoints()[0]
+	rs[0].x.PublishInFlight("chat", ep.ID, 5)
+	eventually(t, "replica 1 sees replica 0's 5 requests", func() bool { return peerCount(rs[1]) == 5 })
+	rs[0].x.PublishInFlight("chat", ep.ID, 2)
+	eventually(t, "replica 1 sees them fall to 2", func() bool { return peerCount(rs[1]) == 2 })
+	rs[0].x.PublishInFlight("chat", ep.ID, 0)
+	eventually(t, "and to 0", func() bool { return peerCount(rs[1]) == 0 })
+	// Through the proxy: a request served by replica 0 is published when
+	// dispatched and when done, so replica 1 ends at 0 again, having
+	// received the counts (applied, not unknown).
+	before := rs[1].x.Stats().InFlight
+	resp, err := http.Post(rs[0].url+"/v1/chat/completions", "application/json", strings.NewReader(chat("in flight")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	eventually(t, "replica 1 applied replica 0's dispatch and end", func() bool {
+		return rs[1].x.Stats().InFlight >= before+2 && peerCount(rs[1]) == 0
+	})
+	if u := rs[1].x.Stats().Unknown; u != 0 {
+		t.Errorf("%d events unknown to replica 1", u)
+	}
 }

@@ -3,8 +3,9 @@
 // asks the gateway to admit each by priority band (waiting while its pool
 // is saturated, or answering 429 with Retry-After) and then for a primary
 // endpoint and fallbacks, and forwards, retrying the fallbacks in order on
-// a connect error or a 5xx before the first response byte. Server-sent
-// events are flushed one by one.
+// a connect error, a 5xx or a 404 (a model or adapter that pod does not
+// serve) before the first response byte. Server-sent events are flushed
+// one by one.
 package proxy
 
 import (
@@ -174,6 +175,16 @@ func (p *Proxy) try(w http.ResponseWriter, r *http.Request, raw []byte, d *gatew
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		att.Done(resp.StatusCode, true)
 		p.Logger.Warn("tier1: endpoint answered 5xx; trying the next", "endpoint", ep.Address, "pool", d.Pool, "status", resp.StatusCode)
+		return false, true
+	}
+	if resp.StatusCode == http.StatusNotFound && !last {
+		// vLLM answers 404 for a model or LoRA adapter it does not serve
+		// (one registered on some pods only, or not yet re-listed by
+		// /v1/models): another pod of the pool may serve it. Not a failure
+		// of the pod.
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		att.Done(resp.StatusCode, false)
+		p.Logger.Info("tier1: endpoint does not serve the model; trying the next", "endpoint", ep.Address, "pool", d.Pool, "model", d.Model)
 		return false, true
 	}
 	h := w.Header()

@@ -105,9 +105,17 @@ func snapshot(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev 
 
 func newPlatform(t *testing.T, weights string) *platform {
 	t.Helper()
-	p := &platform{pods: map[string][]*sim.LivePod{}, byAddr: map[string]*sim.LivePod{}}
-	p.pods["chat"] = startPods(t, "h100", "chat-model", nil, 3)
-	p.pods["lora"] = startPods(t, "a10g", "base-8b", []string{"adapter-a", "adapter-b"}, 2)
+	return newPlatformOf(t, weights, 300*time.Millisecond, map[string][]*sim.LivePod{
+		"chat": startPods(t, "h100", "chat-model", nil, 3),
+		"lora": startPods(t, "a10g", "base-8b", []string{"adapter-a", "adapter-b"}, 2),
+	})
+}
+
+// newPlatformOf puts a proxy in front of the given pods, by pool label;
+// maxAge is the scheduler's MaxMetricsAge.
+func newPlatformOf(t *testing.T, weights string, maxAge time.Duration, pods map[string][]*sim.LivePod) *platform {
+	t.Helper()
+	p := &platform{pods: pods, byAddr: map[string]*sim.LivePod{}}
 	for _, lps := range p.pods {
 		for _, lp := range lps {
 			p.byAddr[lp.Addr()] = lp
@@ -117,7 +125,7 @@ func newPlatform(t *testing.T, weights string) *platform {
 		Cluster: "c1",
 		Logger:  quiet,
 		Scrape:  scrape.Config{Interval: 20 * time.Millisecond},
-		Options: tier1.Options{MaxMetricsAge: 300 * time.Millisecond},
+		Options: tier1.Options{MaxMetricsAge: maxAge},
 	}, snapshot(t, weights, p.pods, 1))
 	if err != nil {
 		t.Fatal(err)
@@ -336,4 +344,58 @@ func TestReloadWithoutLoss(t *testing.T) {
 	if got := p.gw.Snapshot().Revision; got != int64(len(weights)+1) {
 		t.Fatalf("revision %d after reloads", got)
 	}
+}
+
+// Adapters registered on some pods only: /v1/models tells Tier-1 which
+// pods serve which adapter (vllm:lora_requests_info lists only adapters in
+// use), so no adapter request is answered 404. When Tier-1's view is wrong
+// (an adapter unloaded since the last read), the pod's 404 is retried on a
+// fallback before the first byte.
+func TestAdaptersRegisteredOnSomePods(t *testing.T) {
+	lora := append(startPods(t, "a10g", "base-8b", []string{"adapter-a"}, 2),
+		startPods(t, "a10g", "base-8b", []string{"adapter-b"}, 2)...)
+	// Metrics never count as stale here: every pod stays a candidate, so
+	// the primary and two fallbacks include a pod that has the adapter
+	// even when Tier-1 believes the two that lack it have it.
+	p := newPlatformOf(t, "{queue: 2, kvCache: 2, prefix: 3, predictedLatency: 32, loraAffinity: 1}", time.Minute,
+		map[string][]*sim.LivePod{"chat": startPods(t, "h100", "chat-model", nil, 1), "lora": lora})
+	serves := func(addr, adapter string) bool {
+		lp := p.byAddr[addr]
+		return lp != nil && strings.Contains(lp.String(), "adapters="+adapter)
+	}
+	var loraPool *tier1.Pool
+	for _, v := range p.gw.Pools() {
+		if v.Model == "base-8b" {
+			loraPool = v.Pool
+		}
+	}
+	eventually(t, "every lora pod's /v1/models read", func() bool {
+		for _, ep := range loraPool.Endpoints() {
+			if ep.Capabilities() == nil {
+				return false
+			}
+		}
+		return true
+	})
+	send := func(t *testing.T, n int) {
+		for i := range n {
+			adapter := []string{"adapter-a", "adapter-b"}[i%2]
+			r := p.post(t, "/v1/chat/completions", chat(adapter, fmt.Sprintf("claim %d", i), false))
+			if r.status != 200 {
+				t.Fatalf("request %d for %s: status %d: %s", i, adapter, r.status, r.body)
+			}
+			if !serves(r.served, adapter) {
+				t.Fatalf("request %d for %s served by %s, which does not register it", i, adapter, r.served)
+			}
+		}
+	}
+	t.Run("capabilities known", func(t *testing.T) { send(t, 40) })
+	t.Run("capabilities wrong: 404 retried", func(t *testing.T) {
+		for _, ep := range loraPool.Endpoints() {
+			// Until the next read (30 s away), Tier-1 believes every pod
+			// serves both adapters.
+			ep.SetCapabilities(&tier1.Capabilities{Models: []string{"base-8b"}, Adapters: []string{"adapter-a", "adapter-b"}})
+		}
+		send(t, 20)
+	})
 }

@@ -7,6 +7,7 @@ package scrape
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -183,6 +184,46 @@ func clamp01(v float64) float64 {
 	return v
 }
 
+// ParseModels reads a server's /v1/models answer as vLLM writes it: one
+// entry per served model name with its max_model_len, and one per
+// registered LoRA adapter whose "parent" is the base model. It returns
+// what the server can serve; MaxModelLen is the smallest given by a base
+// model entry (0 when none gives one). SGLang's answer (no parent, no
+// max_model_len) yields its model names only.
+func ParseModels(r io.Reader) (*tier1.Capabilities, error) {
+	var list struct {
+		Data []struct {
+			ID          string  `json:"id"`
+			Parent      *string `json:"parent"`
+			MaxModelLen int     `json:"max_model_len"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(r).Decode(&list); err != nil {
+		return nil, fmt.Errorf("parse /v1/models: %w", err)
+	}
+	c := &tier1.Capabilities{}
+	for _, d := range list.Data {
+		if d.ID == "" {
+			continue
+		}
+		if d.Parent != nil && *d.Parent != "" && *d.Parent != d.ID {
+			c.Adapters = append(c.Adapters, d.ID)
+			continue
+		}
+		c.Models = append(c.Models, d.ID)
+		if d.MaxModelLen > 0 && (c.MaxModelLen == 0 || d.MaxModelLen < c.MaxModelLen) {
+			c.MaxModelLen = d.MaxModelLen
+		}
+	}
+	if len(c.Models) == 0 {
+		return nil, fmt.Errorf("parse /v1/models: %w", ErrNoModels)
+	}
+	return c, nil
+}
+
+// ErrNoModels means a /v1/models answer listed no base model.
+var ErrNoModels = errors.New("no base model listed")
+
 // Config tunes scraping. The zero value is usable: each zero field takes
 // the default named in its comment.
 type Config struct {
@@ -195,6 +236,11 @@ type Config struct {
 	// MaxBackoff caps the delay between attempts to a failing pod; the
 	// delay doubles from Interval on each consecutive failure. Zero means 5s.
 	MaxBackoff time.Duration
+	// ModelsInterval is how often the pod's /v1/models (Target.ModelsURL)
+	// is read again after the first success: adapters registered or
+	// unloaded at run time show up within it (a 404 meanwhile is retried
+	// on a fallback by the proxy). Zero means 30s.
+	ModelsInterval time.Duration
 	// Client performs the requests. Nil means a client with keep-alive
 	// connections suited to many small polls.
 	Client *http.Client
@@ -211,6 +257,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBackoff <= 0 {
 		c.MaxBackoff = 5 * time.Second
+	}
+	if c.ModelsInterval <= 0 {
+		c.ModelsInterval = 30 * time.Second
 	}
 	if c.Client == nil {
 		c.Client = &http.Client{Transport: &http.Transport{
@@ -259,6 +308,12 @@ type Target struct {
 	// Both are called from the target's own goroutine and must not block.
 	OnSample func(*Sample)
 	OnError  func(error)
+	// ModelsURL, if set, is the pod's /v1/models, read with the first
+	// successful scrape and then every Config.ModelsInterval;
+	// OnCapabilities receives each answer that parses (same goroutine,
+	// must not block). A failed read keeps the last answer.
+	ModelsURL      string
+	OnCapabilities func(*tier1.Capabilities)
 }
 
 // Run scrapes one target until ctx ends: first after a random fraction of
@@ -268,6 +323,7 @@ func Run(ctx context.Context, cfg Config, m *Metrics, t Target) {
 	cfg = cfg.withDefaults()
 	delay := time.Duration(rand.Int64N(int64(cfg.Interval)))
 	failures := 0
+	var modelsDue time.Time // zero: read /v1/models with the first scrape
 	timer := time.NewTimer(delay)
 	defer timer.Stop()
 	for {
@@ -287,6 +343,14 @@ func Run(ctx context.Context, cfg Config, m *Metrics, t Target) {
 			failures = 0
 			if t.OnSample != nil {
 				t.OnSample(s)
+			}
+			if t.ModelsURL != "" && t.OnCapabilities != nil && !time.Now().Before(modelsDue) {
+				if c, err := fetchModels(ctx, cfg, t.ModelsURL); err == nil {
+					t.OnCapabilities(c)
+					modelsDue = time.Now().Add(cfg.ModelsInterval)
+				} else {
+					modelsDue = time.Now().Add(min(cfg.ModelsInterval, cfg.MaxBackoff))
+				}
 			}
 		case errors.Is(err, context.DeadlineExceeded):
 			result = "timeout"
@@ -330,4 +394,23 @@ func scrapeOnce(ctx context.Context, cfg Config, url string) (*Sample, error) {
 		return nil, fmt.Errorf("scrape %s: HTTP %d", url, resp.StatusCode)
 	}
 	return Parse(io.LimitReader(resp.Body, 8<<20), cfg.Now())
+}
+
+func fetchModels(ctx context.Context, cfg Config, url string) (*tier1.Capabilities, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := cfg.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return nil, fmt.Errorf("read %s: HTTP %d", url, resp.StatusCode)
+	}
+	return ParseModels(io.LimitReader(resp.Body, 4<<20))
 }

@@ -6,12 +6,16 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/tier1"
 )
 
 const vllmText = `# HELP vllm:num_requests_waiting Number of requests waiting.
@@ -135,6 +139,119 @@ func TestRunBacksOffAndRecovers(t *testing.T) {
 		synctest.Wait()
 		if got := samples.Load() - before; got < 15 || got > 21 {
 			t.Fatalf("%d samples in 1s after recovery, want about 20 (50ms interval)", got)
+		}
+		cancel()
+		synctest.Wait()
+	})
+}
+
+// ParseModels reads /v1/models as vLLM writes it; here a simulated pod's,
+// which follows vLLM's shape (max_model_len on every entry, adapters with
+// their parent).
+func TestParseModelsFromSimulatedPod(t *testing.T) {
+	prof, err := sim.LookupProfile("a10g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := sim.StartPods(context.Background(), sim.PodSpec{
+		Pod: sim.PodConfig{Name: "lora", Profile: prof, Model: "base", Adapters: []string{"claims", "fraud"}}}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pods[0].Close()
+	resp, err := http.Get(pods[0].URL() + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	c, err := ParseModels(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := tier1.Capabilities{Models: []string{"base"}, Adapters: []string{"claims", "fraud"}, MaxModelLen: 32768}
+	if !reflect.DeepEqual(*c, want) {
+		t.Errorf("got %+v, want %+v", *c, want)
+	}
+}
+
+func TestParseModelsVariants(t *testing.T) {
+	cases := []struct {
+		name, body string
+		want       *tier1.Capabilities
+		err        bool
+	}{
+		{"sglang: names only", `{"object":"list","data":[{"id":"qwen","object":"model"}]}`,
+			&tier1.Capabilities{Models: []string{"qwen"}}, false},
+		{"two names, smallest context wins", `{"data":[{"id":"a","max_model_len":8192,"parent":null},{"id":"b","max_model_len":4096}]}`,
+			&tier1.Capabilities{Models: []string{"a", "b"}, MaxModelLen: 4096}, false},
+		{"adapter only", `{"data":[{"id":"x","parent":"base"}]}`, nil, true},
+		{"not json", `<html>`, nil, true},
+		{"empty", `{"data":[]}`, nil, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseModels(strings.NewReader(tc.body))
+			if (err != nil) != tc.err {
+				t.Fatalf("err = %v, want error %v", err, tc.err)
+			}
+			if !tc.err && !reflect.DeepEqual(c, tc.want) {
+				t.Errorf("got %+v, want %+v", c, tc.want)
+			}
+		})
+	}
+}
+
+// Run reads /v1/models with the first good scrape and again every
+// ModelsInterval, and keeps the last answer when a read fails.
+func TestRunReadsModels(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		adapters := `{"id":"a","parent":"base"}`
+		modelsUp := true
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			if r.URL.Path == "/v1/models" {
+				if !modelsUp {
+					http.Error(w, "down", http.StatusInternalServerError)
+					return
+				}
+				io.WriteString(w, `{"data":[{"id":"base","max_model_len":4096},`+adapters+`]}`)
+				return
+			}
+			io.WriteString(w, vllmText)
+		})
+		var got []*tier1.Capabilities
+		var gotMu sync.Mutex
+		ctx, cancel := context.WithCancel(t.Context())
+		cfg := Config{Interval: 50 * time.Millisecond, ModelsInterval: 10 * time.Second, Client: &http.Client{Transport: handlerTransport{h}}}
+		go Run(ctx, cfg, nil, Target{Pool: "p", URL: "http://pod/metrics", ModelsURL: "http://pod/v1/models",
+			OnCapabilities: func(c *tier1.Capabilities) { gotMu.Lock(); got = append(got, c); gotMu.Unlock() }})
+		count := func() int { gotMu.Lock(); defer gotMu.Unlock(); return len(got) }
+
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if n := count(); n != 1 {
+			t.Fatalf("%d reads of /v1/models in the first second, want 1", n)
+		}
+		mu.Lock()
+		adapters = `{"id":"a","parent":"base"},{"id":"b","parent":"base"}`
+		mu.Unlock()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		gotMu.Lock()
+		last := got[len(got)-1]
+		gotMu.Unlock()
+		if n := count(); n != 2 || !reflect.DeepEqual(last.Adapters, []string{"a", "b"}) {
+			t.Fatalf("after 11s: %d reads, last adapters %v; want 2 reads listing a and b", n, last.Adapters)
+		}
+		mu.Lock()
+		modelsUp = false
+		mu.Unlock()
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		if n := count(); n != 2 {
+			t.Fatalf("a failing /v1/models was reported: %d reads", n)
 		}
 		cancel()
 		synctest.Wait()
