@@ -230,6 +230,10 @@ type DirSource struct {
 	// OnReload, when set, is called after each reload attempt with its
 	// outcome (nil error on success). It must not block.
 	OnReload func(rev int64, err error)
+	// Rewrite, when set, edits the decoded documents of every load before
+	// they are validated (meridian up moves the listen addresses of a
+	// Topology whose ports are taken). It may modify docs in place.
+	Rewrite func(docs []Document) []Document
 
 	mu      sync.Mutex
 	lastErr error
@@ -316,7 +320,15 @@ func (d *DirSource) LastError() error {
 
 func (d *DirSource) load() (*Snapshot, [32]byte, error) {
 	sum, _ := dirDigest(d.Dir)
-	s, err := LoadDir(d.Dir)
+	if d.Rewrite == nil {
+		s, err := LoadDir(d.Dir)
+		return s, sum, err
+	}
+	docs, _, err := ReadDir(d.Dir)
+	if err != nil {
+		return nil, sum, err
+	}
+	s, err := Build(d.Rewrite(docs), 0)
 	return s, sum, err
 }
 
