@@ -633,7 +633,7 @@ func TestCriticalReserve(t *testing.T) {
 		reserve  float64
 		standard int // Standard admitted before the pool is full for them
 	}{
-		{"default 0.1", 0, 18},
+		{"default 0.45", 0, 11},
 		{"a quarter", 0.25, 15},
 		{"none", -1, 20},
 	} {

@@ -85,7 +85,7 @@ func TestAdmission(t *testing.T) {
 		pools []pool
 		want  want
 	}{
-		{"home has headroom", []pool{{"home", "h1", 0.5, 4, 0}, {"away", "a1", 0.1, 4, 0}},
+		{"home has headroom", []pool{{"home", "h1", 0.3, 4, 0}, {"away", "a1", 0.1, 4, 0}},
 			want{"admitted", "admitted", "admitted"}},
 		{"home saturated, away has headroom: spill", []pool{{"home", "h1", 1.2, 4, 0}, {"away", "a1", 0.3, 4, 0}},
 			want{"spill", "spill", "saturated"}},

@@ -306,7 +306,8 @@ func (p *platform) overload(t testing.TB) (heal func() []reply) {
 		go func() { replies <- post(home.url, map[string]string{"x-meridian-tenant": "docs"}) }()
 	}
 	// One pod at 5 waiting requests is saturated (1.0); Standard stops at
-	// 0.9, so the Gate lets about five in and queues the rest.
+	// 0.55 (the default Critical reserve is 0.45), so the Gate lets about
+	// three in and queues the rest.
 	var last string
 	defer func() {
 		if t.Failed() {

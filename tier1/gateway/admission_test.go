@@ -272,9 +272,9 @@ func TestRouteShedAndTimeout(t *testing.T) {
 // by the Gate's own count of what it let in, each Release lets one in.
 func TestReleaseLetsTheNextIn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		gw, eps, _ := newGateway(t, gateway.Config{}, "")
+		gw, eps, _ := newGateway(t, gateway.Config{Admission: gateway.Admission{Gate: priority.Config{CriticalReserve: 0.1}}}, "")
 		load(gw, eps, map[string]int{"a": 0, "b": 0})
-		// Two pods × 5 × 0.9: nine requests fill the Standard budget.
+		// Two pods × 5 × (1 − 0.1): nine requests fill the Standard budget.
 		var held []*gateway.Decision
 		for range 9 {
 			d, err := gw.Route(context.Background(), body, gateway.Meta{})
