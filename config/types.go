@@ -32,6 +32,7 @@ const (
 	KindTenant          = "Tenant"
 	KindTopology        = "Topology"
 	KindStaticEndpoints = "StaticEndpoints"
+	KindObjective       = "InferenceObjective"
 )
 
 // Metadata is the subset of Kubernetes object metadata Meridian uses.
@@ -168,6 +169,38 @@ type Scheduler struct {
 	// (the Gateway API Inference Extension's exact semantics, the baseline).
 	// Meridian's own field.
 	Scoring string `json:"scoring,omitempty"`
+	// Admission tunes this pool's admission by priority band at Tier-1;
+	// unset fields keep priority's defaults. Meridian's own field.
+	Admission *Admission `json:"admission,omitempty"`
+}
+
+// Admission is one pool's admission by priority band (docs/priority.md):
+// when the pool counts as saturated, and what the Gate in front of it
+// holds. Every field is optional; zero keeps the default named.
+type Admission struct {
+	// QueueThreshold is the waiting requests per pod at which a pod counts
+	// as full. Default 5 (GIE's).
+	QueueThreshold float64 `json:"queueThreshold,omitempty"`
+	// KVCacheThreshold is the KV-cache use (0..1] at which a pod counts as
+	// full. Default 0.8 (GIE's); vLLM preempts above about 0.9.
+	KVCacheThreshold float64 `json:"kvCacheThreshold,omitempty"`
+	// StaleAfter is the metrics age beyond which a pod is left out of the
+	// saturation. Default 2s.
+	StaleAfter Duration `json:"staleAfter,omitempty"`
+	// CriticalReserve is the share of the saturation budget kept for
+	// Critical requests, 0..1; 0 means no reserve. Unset means 0.45.
+	CriticalReserve *float64 `json:"criticalReserve,omitempty"`
+	// MaxQueued bounds the requests waiting in the pool's Gate. Default 1000.
+	MaxQueued int `json:"maxQueued,omitempty"`
+	// MaxQueuedBytes bounds the request bodies held while waiting.
+	// Default 268435456 (256 MiB).
+	MaxQueuedBytes int64 `json:"maxQueuedBytes,omitempty"`
+	// StandardMaxWait and CriticalMaxWait are how long a request of the
+	// band may wait before a 429. Defaults 10s and 30s.
+	StandardMaxWait Duration `json:"standardMaxWait,omitempty"`
+	CriticalMaxWait Duration `json:"criticalMaxWait,omitempty"`
+	// RetryAfter is the delay a 429 asks for. Default 1s.
+	RetryAfter Duration `json:"retryAfter,omitempty"`
 }
 
 // ModelSelector selects pods (Kubernetes or StaticEndpoints) by label.
@@ -363,6 +396,29 @@ type AnalysisLimit struct {
 	MaxErrorRateDelta float64 `json:"maxErrorRateDelta,omitempty"` // absolute; 0 means 0.05
 	Max429RateDelta   float64 `json:"max429RateDelta,omitempty"`   // absolute; 0 means 0.1
 	MinRequests       int64   `json:"minRequests,omitempty"`       // per side before judging; 0 means 20
+}
+
+// ---------------------------------------------------------------------------
+// InferenceObjective (GIE)
+
+// InferenceObjective names a priority (GIE's v1alpha2 shape): a request
+// whose x-gateway-inference-objective header carries the name gets the
+// band of spec.priority (positive Critical, 0 Standard, negative
+// Sheddable).
+type InferenceObjective struct {
+	APIVersion string                 `json:"apiVersion"`
+	Kind       string                 `json:"kind"`
+	Metadata   Metadata               `json:"metadata"`
+	Spec       InferenceObjectiveSpec `json:"spec"`
+}
+
+// InferenceObjectiveSpec follows GIE.
+type InferenceObjectiveSpec struct {
+	// Priority: higher is served first; nil means 0 (Standard).
+	Priority *int `json:"priority,omitempty"`
+	// PoolRef names the InferencePool the objective applies to
+	// (informational: Meridian applies objectives to every pool).
+	PoolRef *PoolRef `json:"poolRef,omitempty"`
 }
 
 // ---------------------------------------------------------------------------

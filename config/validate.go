@@ -3,13 +3,16 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -32,6 +35,7 @@ func Build(docs []Document, revision int64) (*Snapshot, error) {
 			Pools:           map[string]*InferencePool{},
 			Rewrites:        map[string]*ModelRewrite{},
 			Tenants:         map[string]*Tenant{},
+			Objectives:      map[string]*InferenceObjective{},
 			Adapters:        map[string]string{},
 			Objects:         map[ObjectKey]Object{},
 			policies:        map[string]SchedulerPolicy{},
@@ -98,6 +102,8 @@ func (b *builder) collect(docs []Document) {
 			b.s.Topology = v
 		case *StaticEndpoints:
 			b.s.StaticEndpoints = append(b.s.StaticEndpoints, v)
+		case *InferenceObjective:
+			b.s.Objectives[key.Name] = v
 		}
 	}
 	sort.Slice(b.s.Gateways, func(i, j int) bool { return b.s.Gateways[i].Metadata.Name < b.s.Gateways[j].Metadata.Name })
@@ -153,6 +159,9 @@ func (b *builder) validate() {
 	}
 	for _, se := range b.s.StaticEndpoints {
 		b.staticEndpoints(se)
+	}
+	for _, name := range sortedMapKeys(b.s.Objectives) {
+		b.objective(b.s.Objectives[name])
 	}
 }
 
@@ -223,11 +232,14 @@ func knownPluginTypes() string {
 	return strings.Join(keys, ", ")
 }
 
+// prefixParams are the prefix-cache-scorer's parameters, decoded strictly:
+// an unknown one is an error with its path.
 type prefixParams struct {
-	BlockSize              int `json:"blockSize"`
-	HashBlockSize          int `json:"hashBlockSize"`
-	MaxPrefixBlocksToMatch int `json:"maxPrefixBlocksToMatch"`
-	LRUCapacityPerServer   int `json:"lruCapacityPerServer"`
+	BlockSize              int   `json:"blockSize"`
+	HashBlockSize          int   `json:"hashBlockSize"`
+	MaxPrefixBlocksToMatch int   `json:"maxPrefixBlocksToMatch"`
+	LRUCapacityPerServer   int   `json:"lruCapacityPerServer"`
+	AutoTune               *bool `json:"autoTune"`
 }
 
 // endpointPicker validates an EndpointPickerConfig and resolves it into a
@@ -259,11 +271,26 @@ func (b *builder) endpointPicker(key ObjectKey, prefix string, c *EndpointPicker
 		byName[name] = pl.Type
 		if pl.Type == "prefix-cache-scorer" && len(pl.Parameters) > 0 {
 			var pp prefixParams
-			dec := json.NewDecoder(strings.NewReader(string(pl.Parameters)))
-			if err := dec.Decode(&pp); err != nil {
+			var generic any
+			if err := json.Unmarshal(pl.Parameters, &generic); err != nil {
 				fail(path+".parameters", "%v", err)
 				continue
 			}
+			if errs := checkShape("", generic, reflect.TypeOf(pp)); len(errs) > 0 {
+				for _, e := range errs {
+					fail(join(path+".parameters", e.path), "%s", e.msg)
+				}
+				continue
+			}
+			if err := json.Unmarshal(pl.Parameters, &pp); err != nil {
+				fail(path+".parameters", "%v", err)
+				continue
+			}
+			if pp.AutoTune != nil && !*pp.AutoTune {
+				fail(path+".parameters.autoTune", "false is not supported: Tier-1 always sizes the prefix index from what the servers report (autoTune true); set blockSize and lruCapacityPerServer for servers that report nothing")
+				continue
+			}
+			p.PrefixAutoTune = pp.AutoTune
 			bs := pp.BlockSize
 			if bs == 0 {
 				bs = pp.HashBlockSize
@@ -538,9 +565,53 @@ func (b *builder) gateway(g *Gateway) {
 		default:
 			b.errf(key, path+".scoring", "unknown scoring %q; want %q or %q", sc.Scoring, ScoringMeridian, ScoringGIE)
 		}
+		b.admission(key, path+".admission", sc.Admission)
 		policy, ok := b.schedulerPolicy(key, path, sc)
 		if ok {
 			b.s.policies[g.Metadata.Name+"/"+sc.Name] = policy
+		}
+	}
+}
+
+// admission checks a pool's admission settings.
+func (b *builder) admission(key ObjectKey, path string, a *Admission) {
+	if a == nil {
+		return
+	}
+	if a.QueueThreshold < 0 || math.IsNaN(a.QueueThreshold) || math.IsInf(a.QueueThreshold, 0) {
+		b.errf(key, path+".queueThreshold", "must be a number > 0 (waiting requests per pod), got %v", a.QueueThreshold)
+	}
+	if a.KVCacheThreshold < 0 || a.KVCacheThreshold > 1 || math.IsNaN(a.KVCacheThreshold) {
+		b.errf(key, path+".kvCacheThreshold", "must be a fraction in (0, 1], got %v", a.KVCacheThreshold)
+	}
+	if r := a.CriticalReserve; r != nil && (*r < 0 || *r >= 1 || math.IsNaN(*r)) {
+		b.errf(key, path+".criticalReserve", "must be a fraction in [0, 1), got %v", *r)
+	}
+	if a.MaxQueued < 0 || a.MaxQueued > 1_000_000 {
+		b.errf(key, path+".maxQueued", "must be 1..1000000, got %d", a.MaxQueued)
+	}
+	if a.MaxQueuedBytes < 0 || a.MaxQueuedBytes > 64<<30 {
+		b.errf(key, path+".maxQueuedBytes", "must be 1..%d, got %d", int64(64<<30), a.MaxQueuedBytes)
+	}
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{{"staleAfter", a.StaleAfter}, {"standardMaxWait", a.StandardMaxWait}, {"criticalMaxWait", a.CriticalMaxWait}, {"retryAfter", a.RetryAfter}} {
+		if d.v < 0 || d.v.D() > time.Hour {
+			b.errf(key, path+"."+d.name, "must be a duration between 0 and 1h, got %s", d.v.D())
+		}
+	}
+}
+
+// objective checks an InferenceObjective.
+func (b *builder) objective(o *InferenceObjective) {
+	key := ObjectKey{KindObjective, o.Metadata.Name}
+	if p := o.Spec.Priority; p != nil && (*p < -1_000_000 || *p > 1_000_000) {
+		b.errf(key, "spec.priority", "must be -1000000..1000000, got %d", *p)
+	}
+	if pr := o.Spec.PoolRef; pr != nil && len(b.s.Pools) > 0 {
+		if _, ok := b.s.Pools[pr.Name]; !ok {
+			b.errf(key, "spec.poolRef.name", "no InferencePool named %q", pr.Name)
 		}
 	}
 }

@@ -2,6 +2,8 @@ package priority
 
 import (
 	"time"
+
+	"github.com/meridian-router/meridian/config"
 )
 
 // PodLoad is one pod's load as the caller last saw it.
@@ -167,4 +169,27 @@ func Combine(pools ...Saturation) Saturation {
 		out.PerRequest = 1 / inv
 	}
 	return out
+}
+
+// FromConfig returns the Gate configuration and thresholds a pool's
+// admission settings ask for; nil (or an unset field) keeps the defaults.
+// An explicit criticalReserve of 0 means no reserve.
+func FromConfig(a *config.Admission) (Config, Thresholds) {
+	if a == nil {
+		return Config{}, Thresholds{}
+	}
+	c := Config{
+		MaxQueued:       a.MaxQueued,
+		MaxQueuedBytes:  a.MaxQueuedBytes,
+		StandardMaxWait: a.StandardMaxWait.D(),
+		CriticalMaxWait: a.CriticalMaxWait.D(),
+		RetryAfter:      a.RetryAfter.D(),
+	}
+	if r := a.CriticalReserve; r != nil {
+		c.CriticalReserve = *r
+		if *r == 0 {
+			c.CriticalReserve = -1 // Config's zero is the default
+		}
+	}
+	return c, Thresholds{Queue: a.QueueThreshold, KVCache: a.KVCacheThreshold, StaleAfter: a.StaleAfter.D()}
 }

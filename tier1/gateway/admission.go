@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/request"
 )
@@ -58,7 +59,7 @@ func (g *Gateway) Band(h http.Header) (tenant string, band priority.Band, err er
 	if v := h.Get(HeaderBand); v != "" {
 		claim, err = priority.ParseBand(v)
 	} else {
-		claim, err = priority.ParseObjective(h.Get(HeaderObjective), g.cfg.Admission.Objectives)
+		claim, err = priority.ParseObjective(h.Get(HeaderObjective), g.table.Load().objectives)
 	}
 	if err != nil {
 		return tenant, priority.Standard, request.BadRequest("bad_priority", err.Error())
@@ -165,8 +166,60 @@ func (g *Gateway) observeLoop(ctx context.Context) {
 func (g *Gateway) ObservePools() {
 	now := g.cfg.Now()
 	for _, v := range g.Pools() {
-		v.state.gate.Observe(v.Saturation(now, g.cfg.Admission.Thresholds))
+		v.state.gate.Observe(v.Saturation(now, v.Thresholds()))
 	}
+}
+
+// Thresholds are the pool's saturation thresholds in force.
+func (v PoolView) Thresholds() priority.Thresholds {
+	if v.state != nil {
+		if th := v.state.thresholds.Load(); th != nil {
+			return *th
+		}
+	}
+	return priority.Thresholds{}
+}
+
+// forPool is a's Gate configuration and thresholds with a pool's
+// admission settings laid over them: a field the configuration sets wins.
+func (a Admission) forPool(c *config.Admission) (priority.Config, priority.Thresholds) {
+	gc, th := a.Gate, a.Thresholds
+	pc, pt := priority.FromConfig(c)
+	over := func(dst *float64, v float64) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	overD := func(dst *time.Duration, v time.Duration) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	if pc.MaxQueued != 0 {
+		gc.MaxQueued = pc.MaxQueued
+	}
+	if pc.MaxQueuedBytes != 0 {
+		gc.MaxQueuedBytes = pc.MaxQueuedBytes
+	}
+	over(&gc.CriticalReserve, pc.CriticalReserve)
+	overD(&gc.StandardMaxWait, pc.StandardMaxWait)
+	overD(&gc.CriticalMaxWait, pc.CriticalMaxWait)
+	overD(&gc.RetryAfter, pc.RetryAfter)
+	over(&th.Queue, pt.Queue)
+	over(&th.KVCache, pt.KVCache)
+	overD(&th.StaleAfter, pt.StaleAfter)
+	return gc, th
+}
+
+// objectives are the configuration's InferenceObjectives over a's.
+func (a Admission) objectives(snap *config.Snapshot) map[string]int {
+	out := snap.ObjectivePriorities()
+	for name, p := range a.Objectives {
+		if _, ok := out[name]; !ok {
+			out[name] = p
+		}
+	}
+	return out
 }
 
 // Saturation is the pool's saturation at now under th

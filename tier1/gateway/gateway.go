@@ -105,6 +105,9 @@ type table struct {
 	adapters map[string]string // adapter → base model (BBR and loraAdapters)
 	bbr      bool
 	models   []string // every model name and adapter served, sorted
+	// objectives map InferenceObjective names to priorities: the
+	// configuration's over Config.Admission.Objectives.
+	objectives map[string]int
 }
 
 type route struct {
@@ -120,6 +123,10 @@ type poolState struct {
 	pool     *tier1.Pool
 	stats    *poolStats
 	gate     *priority.Gate // admission by band
+	// thresholds turn the pool's pod metrics into its saturation: the
+	// scheduler's admission settings over Config.Admission's, swapped on
+	// every Apply.
+	thresholds atomic.Pointer[priority.Thresholds]
 	// pending counts requests admitted and not yet sent to a pod: no
 	// endpoint's in-flight count shows them yet.
 	pending atomic.Int64
@@ -216,7 +223,6 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 		}
 		ps := &poolState{name: name, pool: tier1.NewPool(), stats: newPoolStats(), scrapers: map[string]*scraper{},
 			gate: &priority.Gate{Pool: name, Tenants: g.tenants, Metrics: g.prio}}
-		ps.gate.SetConfig(g.cfg.Admission.Gate)
 		created[name] = ps
 		return ps.pool
 	}
@@ -228,7 +234,8 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 	if _, err := priority.NewTenants(snap.Tenants, nil); err != nil {
 		return fmt.Errorf("tier1: %w", err)
 	}
-	t := &table{snap: snap, gateway: gw, byModel: map[string]*route{}, adapters: map[string]string{}, bbr: gw.Spec.BBR.Enabled}
+	t := &table{snap: snap, gateway: gw, byModel: map[string]*route{}, adapters: map[string]string{}, bbr: gw.Spec.BBR.Enabled,
+		objectives: g.cfg.Admission.objectives(snap)}
 	keep := map[string]bool{}
 	for _, sc := range gw.Spec.Schedulers {
 		s := scheds[sc.ModelName]
@@ -238,6 +245,11 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 			g.pools[sc.Name] = ps
 		}
 		ps.model, ps.adapters = sc.ModelName, slices.Clone(sc.LoraAdapters)
+		// New bounds and waits apply to arrivals from now on; admitted
+		// requests keep their tickets.
+		gc, th := g.cfg.Admission.forPool(sc.Admission)
+		ps.gate.SetConfig(gc)
+		ps.thresholds.Store(&th)
 		t.byModel[sc.ModelName] = &route{sched: s, state: ps}
 		keep[sc.Name] = true
 		for _, a := range sc.LoraAdapters {
