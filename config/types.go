@@ -513,6 +513,55 @@ type Routing struct {
 	// RTTs are configured round trips between Regions, used until
 	// measured ones arrive.
 	RTTs []RegionRTT `json:"rtts,omitempty"`
+	// DigestMaxAge is how old a pool-health digest may be and still be
+	// used; a cluster with none fresher is not a candidate. Default 5s:
+	// ten of Tier-1's 500 ms digests, so a lost digest or a slow gossip
+	// round does not drop a cluster.
+	DigestMaxAge Duration `json:"digestMaxAge,omitempty"`
+	// RetryBudget caps Tier-2's failovers; unset fields keep the defaults.
+	RetryBudget *RetryBudget `json:"retryBudget,omitempty"`
+	// OutlierDetection ejects failing clusters; unset fields keep the
+	// defaults.
+	OutlierDetection *OutlierDetection `json:"outlierDetection,omitempty"`
+	// Admission tunes Tier-2's global admission by band (one Gate per
+	// model, fed from the digests); unset fields keep priority's defaults.
+	Admission *Admission `json:"admission,omitempty"`
+}
+
+// RetryBudget lets retries add at most Ratio of the requests seen over
+// Window, plus MinRetries per Window.
+type RetryBudget struct {
+	// Ratio is retries allowed per request. Default 0.2 (Finagle's and
+	// Envoy's usual budget: a retry storm adds at most 20% load).
+	Ratio float64 `json:"ratio,omitempty"`
+	// Window is the period counted. Default 10s.
+	Window Duration `json:"window,omitempty"`
+	// MinRetries are allowed per Window whatever the traffic. Default 3.
+	MinRetries int `json:"minRetries,omitempty"`
+}
+
+// OutlierDetection is the shape of Envoy's outlier detection for clusters.
+type OutlierDetection struct {
+	// ConsecutiveFailures ejects a cluster after this many failures in a
+	// row. Default 5 (Envoy's).
+	ConsecutiveFailures int `json:"consecutiveFailures,omitempty"`
+	// FailureRate ejects a cluster whose failed share over Interval
+	// reaches it, after MinRequests. Default 0.5.
+	FailureRate float64 `json:"failureRate,omitempty"`
+	// MinRequests before FailureRate applies. Default 20.
+	MinRequests int `json:"minRequests,omitempty"`
+	// Interval FailureRate is computed over. Default 10s (Envoy's).
+	Interval Duration `json:"interval,omitempty"`
+	// BaseEjection is the first ejection's length, doubled per repeat up
+	// to MaxEjection; the backoff resets after EjectionMemory without one.
+	// Defaults 2s, 2m, 5m.
+	BaseEjection   Duration `json:"baseEjection,omitempty"`
+	MaxEjection    Duration `json:"maxEjection,omitempty"`
+	EjectionMemory Duration `json:"ejectionMemory,omitempty"`
+	// ReadmitShare is the share of traffic a readmitted cluster starts
+	// with, doubling every ReadmitStep. Defaults 0.1 and 1s.
+	ReadmitShare float64  `json:"readmitShare,omitempty"`
+	ReadmitStep  Duration `json:"readmitStep,omitempty"`
 }
 
 // RoutingWeights weigh the cluster scorers.

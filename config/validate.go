@@ -390,6 +390,47 @@ func (b *builder) topology() {
 				}
 			}
 		}
+		b.admission(key, "spec.routing.admission", r.Admission)
+		if r.DigestMaxAge < 0 || r.DigestMaxAge.D() > time.Hour {
+			b.errf(key, "spec.routing.digestMaxAge", "must be a duration between 0 and 1h, got %s", r.DigestMaxAge.D())
+		}
+		if rb := r.RetryBudget; rb != nil {
+			if rb.Ratio < 0 || rb.Ratio > 10 || math.IsNaN(rb.Ratio) {
+				b.errf(key, "spec.routing.retryBudget.ratio", "must be 0..10 retries per request, got %v", rb.Ratio)
+			}
+			if rb.Window < 0 || rb.Window.D() > time.Hour {
+				b.errf(key, "spec.routing.retryBudget.window", "must be a duration between 0 and 1h, got %s", rb.Window.D())
+			}
+			if rb.MinRetries < 0 || rb.MinRetries > 1_000_000 {
+				b.errf(key, "spec.routing.retryBudget.minRetries", "must be 0..1000000, got %d", rb.MinRetries)
+			}
+		}
+		if o := r.OutlierDetection; o != nil {
+			p := "spec.routing.outlierDetection."
+			if o.ConsecutiveFailures < 0 || o.ConsecutiveFailures > 1_000_000 {
+				b.errf(key, p+"consecutiveFailures", "must be 0..1000000, got %d", o.ConsecutiveFailures)
+			}
+			if o.FailureRate < 0 || o.FailureRate > 1 || math.IsNaN(o.FailureRate) {
+				b.errf(key, p+"failureRate", "must be a fraction in (0, 1], got %v", o.FailureRate)
+			}
+			if o.MinRequests < 0 || o.MinRequests > 1_000_000 {
+				b.errf(key, p+"minRequests", "must be 0..1000000, got %d", o.MinRequests)
+			}
+			if o.ReadmitShare < 0 || o.ReadmitShare > 1 || math.IsNaN(o.ReadmitShare) {
+				b.errf(key, p+"readmitShare", "must be a fraction in (0, 1], got %v", o.ReadmitShare)
+			}
+			for _, d := range []struct {
+				name string
+				v    Duration
+			}{{"interval", o.Interval}, {"baseEjection", o.BaseEjection}, {"maxEjection", o.MaxEjection}, {"ejectionMemory", o.EjectionMemory}, {"readmitStep", o.ReadmitStep}} {
+				if d.v < 0 || d.v.D() > 24*time.Hour {
+					b.errf(key, p+d.name, "must be a duration between 0 and 24h, got %s", d.v.D())
+				}
+			}
+			if o.MaxEjection != 0 && o.BaseEjection != 0 && o.MaxEjection < o.BaseEjection {
+				b.errf(key, p+"maxEjection", "must be at least baseEjection (%s), got %s", o.BaseEjection.D(), o.MaxEjection.D())
+			}
+		}
 		if r.LoadFactor != 0 && r.LoadFactor <= 1 {
 			b.errf(key, "spec.routing.loadFactor", "must be > 1 (1+ε), got %v", r.LoadFactor)
 		}

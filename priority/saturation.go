@@ -171,19 +171,29 @@ func Combine(pools ...Saturation) Saturation {
 	return out
 }
 
-// FromConfig returns the Gate configuration and thresholds a pool's
-// admission settings ask for; nil (or an unset field) keeps the defaults.
-// An explicit criticalReserve of 0 means no reserve.
-func FromConfig(a *config.Admission) (Config, Thresholds) {
+// Overlay lays the fields a pool's admission settings set over a Gate
+// configuration and thresholds (which may hold a caller's own defaults);
+// unset fields keep c's and t's. An explicit criticalReserve of 0 means no
+// reserve. A nil a changes nothing.
+func Overlay(c Config, t Thresholds, a *config.Admission) (Config, Thresholds) {
 	if a == nil {
-		return Config{}, Thresholds{}
+		return c, t
 	}
-	c := Config{
-		MaxQueued:       a.MaxQueued,
-		MaxQueuedBytes:  a.MaxQueuedBytes,
-		StandardMaxWait: a.StandardMaxWait.D(),
-		CriticalMaxWait: a.CriticalMaxWait.D(),
-		RetryAfter:      a.RetryAfter.D(),
+	setF := func(dst *float64, v float64) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	setD := func(dst *time.Duration, v config.Duration) {
+		if v != 0 {
+			*dst = v.D()
+		}
+	}
+	if a.MaxQueued != 0 {
+		c.MaxQueued = a.MaxQueued
+	}
+	if a.MaxQueuedBytes != 0 {
+		c.MaxQueuedBytes = a.MaxQueuedBytes
 	}
 	if r := a.CriticalReserve; r != nil {
 		c.CriticalReserve = *r
@@ -191,5 +201,11 @@ func FromConfig(a *config.Admission) (Config, Thresholds) {
 			c.CriticalReserve = -1 // Config's zero is the default
 		}
 	}
-	return c, Thresholds{Queue: a.QueueThreshold, KVCache: a.KVCacheThreshold, StaleAfter: a.StaleAfter.D()}
+	setD(&c.StandardMaxWait, a.StandardMaxWait)
+	setD(&c.CriticalMaxWait, a.CriticalMaxWait)
+	setD(&c.RetryAfter, a.RetryAfter)
+	setF(&t.Queue, a.QueueThreshold)
+	setF(&t.KVCache, a.KVCacheThreshold)
+	setD(&t.StaleAfter, a.StaleAfter)
+	return c, t
 }

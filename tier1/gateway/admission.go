@@ -183,32 +183,7 @@ func (v PoolView) Thresholds() priority.Thresholds {
 // forPool is a's Gate configuration and thresholds with a pool's
 // admission settings laid over them: a field the configuration sets wins.
 func (a Admission) forPool(c *config.Admission) (priority.Config, priority.Thresholds) {
-	gc, th := a.Gate, a.Thresholds
-	pc, pt := priority.FromConfig(c)
-	over := func(dst *float64, v float64) {
-		if v != 0 {
-			*dst = v
-		}
-	}
-	overD := func(dst *time.Duration, v time.Duration) {
-		if v != 0 {
-			*dst = v
-		}
-	}
-	if pc.MaxQueued != 0 {
-		gc.MaxQueued = pc.MaxQueued
-	}
-	if pc.MaxQueuedBytes != 0 {
-		gc.MaxQueuedBytes = pc.MaxQueuedBytes
-	}
-	over(&gc.CriticalReserve, pc.CriticalReserve)
-	overD(&gc.StandardMaxWait, pc.StandardMaxWait)
-	overD(&gc.CriticalMaxWait, pc.CriticalMaxWait)
-	overD(&gc.RetryAfter, pc.RetryAfter)
-	over(&th.Queue, pt.Queue)
-	over(&th.KVCache, pt.KVCache)
-	overD(&th.StaleAfter, pt.StaleAfter)
-	return gc, th
+	return priority.Overlay(a.Gate, a.Thresholds, c)
 }
 
 // objectives are the configuration's InferenceObjectives over a's.

@@ -207,9 +207,10 @@ func TestRouteLateBinding(t *testing.T) {
 			t.Fatalf("%v decisions before release", got)
 		}
 
-		// Pod a fills up, pod b drains: headroom (mean 0.8), and b is best.
+		// Pod a stays, pod b drains: headroom for Standard (mean 0.4,
+		// below 1 − the 0.45 reserve), and b is best.
 		time.Sleep(50 * time.Millisecond)
-		load(gw, eps, map[string]int{"a": 8, "b": 0})
+		load(gw, eps, map[string]int{"a": 4, "b": 0})
 		synctest.Wait()
 		r := <-done
 		if r.err != nil {
