@@ -199,3 +199,28 @@ func TestAdmissionBandCountsDowngrades(t *testing.T) {
 		t.Errorf("intruder after reload: %s", b)
 	}
 }
+
+// Configure applies the Topology's spec.routing.admission live: with no
+// Critical reserve, Standard is admitted at a home saturation of 0.7 that
+// the default reserve (0.45) holds for Critical; with a queue threshold of
+// 10 the same digest counts as half as full.
+func TestAdmissionConfigureLive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _ := admissionOver(t, pool{"home", "h1", 0.7, 4, 0}, pool{"away", "a1", 1.5, 4, 0})
+		if got := outcome(t, a, priority.Standard); got != "waits" {
+			t.Fatalf("Standard at 0.7 with the default reserve: %s; want waits", got)
+		}
+		none := 0.0
+		a.Configure(&config.Admission{CriticalReserve: &none})
+		if got := outcome(t, a, priority.Standard); got != "admitted" {
+			t.Fatalf("Standard at 0.7 with no reserve: %s; want admitted", got)
+		}
+		if got := outcome(t, a, priority.Sheddable); got != "admitted" {
+			t.Fatalf("Sheddable at 0.7 with no reserve: %s; want admitted", got)
+		}
+		a.Configure(nil) // back to the defaults
+		if got := outcome(t, a, priority.Standard); got != "waits" {
+			t.Fatalf("Standard after the settings were removed: %s; want waits", got)
+		}
+	})
+}

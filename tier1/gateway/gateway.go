@@ -377,9 +377,13 @@ type Decision struct {
 	// Model is the model the caller named; Target the base model whose pool
 	// serves it; Adapter the LoRA adapter, if any.
 	Model, Target, Adapter string
-	Pool                   string
-	Endpoints              []*tier1.Endpoint
-	Request                tier1.Request
+	// Rewrite is the model name the body must carry upstream when the
+	// caller sent x-gateway-model-name-rewrite (GIE's model rewrite);
+	// empty means forward the body's model unchanged.
+	Rewrite   string
+	Pool      string
+	Endpoints []*tier1.Endpoint
+	Request   tier1.Request
 
 	sched   *tier1.Scheduler
 	state   *poolState
@@ -420,6 +424,12 @@ func (g *Gateway) resolve(body *request.Body, meta Meta) (r *route, target, adap
 	if h := meta.Header.Get(HeaderModelName); h != "" {
 		model = h
 	}
+	// GIE's x-gateway-model-name-rewrite: the request is for this model
+	// (scheduled on its pool, and the body's "model" rewritten to it
+	// before it reaches the server; see Decision.Rewrite).
+	if h := meta.Header.Get(HeaderModelRewrite); h != "" {
+		model = h
+	}
 	target, adapter = model, ""
 	if base := meta.Header.Get(HeaderBaseModelName); base != "" && base != model {
 		target, adapter = base, model
@@ -441,6 +451,9 @@ func (g *Gateway) resolve(body *request.Body, meta Meta) (r *route, target, adap
 func (g *Gateway) decide(r *route, body *request.Body, meta Meta, target, adapter string) (*Decision, error) {
 	start := g.cfg.Now()
 	d := &Decision{Model: body.Model, Target: target, Adapter: adapter, Pool: r.state.name, sched: r.sched, state: r.state, start: start}
+	if rw := meta.Header.Get(HeaderModelRewrite); rw != "" && rw != body.Model {
+		d.Rewrite = rw
+	}
 	d.Request.Model, d.Request.Adapter = target, adapter
 	d.Request.Tenant = meta.Header.Get(HeaderTenant)
 	if d.Request.Tenant == "" {
