@@ -177,6 +177,14 @@ func TestInvalidConfigs(t *testing.T) {
 			[]string{`InferenceObjective/o: spec.criticality: strict decoding error: unknown field "criticality"`}},
 		{"objective priority range", "apiVersion: inference.networking.x-k8s.io/v1alpha2\nkind: InferenceObjective\nmetadata: {name: o}\nspec: {priority: 9999999999}\n",
 			[]string{`InferenceObjective/o: spec.priority: must be -1000000..1000000`}},
+		{"scheduler options", gwHead + sched("a", "m", "    options: {fallbacks: 99, kvSaturation: 2, latencyScale: 2h, prefix: {blockSize: -1, autoTune: false}}\n"),
+			[]string{"spec.schedulers[0].options.fallbacks: must be -1 (none) to 16, got 99",
+				"spec.schedulers[0].options.kvSaturation: must be a fraction in (0, 1], got 2",
+				"spec.schedulers[0].options.latencyScale: must be a duration between 0 and 1h, got 2h0m0s",
+				"spec.schedulers[0].options.prefix.blockSize: must be 1..65536 characters, got -1",
+				"spec.schedulers[0].options.prefix.autoTune: false is not supported"}},
+		{"scheduler options unknown field", gwHead + sched("a", "m", "    options: {prefix: {blockSizeTokens: 16}}\n"),
+			[]string{`spec.schedulers[0].options.prefix.blockSizeTokens: strict decoding error: unknown field "blockSizeTokens"`}},
 		{"routing internals", "apiVersion: meridian.dev/v1alpha1\nkind: Topology\nmetadata: {name: t}\nspec:\n  regions: [{name: r, clusters: [{name: c, tier1: \"http://127.0.0.1:1\"}]}]\n  routing:\n    digestMaxAge: -1s\n    retryBudget: {ratio: 20, budget: 1}\n    outlierDetection: {failureRate: 2, baseEjection: 10s, maxEjection: 1s}\n    admission: {criticalReserve: -0.5}\n",
 			[]string{`Topology/t: spec.routing.retryBudget.budget: strict decoding error: unknown field "budget"`}},
 		{"routing internals values", "apiVersion: meridian.dev/v1alpha1\nkind: Topology\nmetadata: {name: t}\nspec:\n  regions: [{name: r, clusters: [{name: c, tier1: \"http://127.0.0.1:1\"}]}]\n  routing:\n    digestMaxAge: -1s\n    retryBudget: {ratio: 20}\n    outlierDetection: {failureRate: 2, baseEjection: 10s, maxEjection: 1s}\n    admission: {criticalReserve: -0.5}\n",
@@ -281,6 +289,10 @@ func TestAdmissionAndObjectives(t *testing.T) {
 	}
 	if got := s.ObjectivePriorities(); len(got) != 2 || got["checkout"] != 10 || got["default"] != 0 {
 		t.Fatalf("objectives %v", got)
+	}
+	o := mustBuild(t, gwHead+sched("a", "m", "    options: {fallbacks: -1, queueHalf: 2, prefix: {blockSize: 16, lruCapacityPerServer: 500, autoTune: true}}\n"))
+	if pol, _ := o.Policy("gw", "a"); pol.BlockSize != 16 || pol.LRUCapacityPerServer != 500 || pol.MaxPrefixBlocks != 256 {
+		t.Fatalf("options.prefix not in the policy: %+v", pol)
 	}
 	p := mustBuild(t, "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nmetadata: {name: e}\nplugins:\n- type: prefix-cache-scorer\n  parameters: {blockSize: 32, maxPrefixBlocksToMatch: 64, lruCapacityPerServer: 1000, autoTune: true}\n---\n"+
 		gwHead+sched("a", "m", "    configMapRef: {name: e}\n"))

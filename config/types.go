@@ -172,6 +172,49 @@ type Scheduler struct {
 	// Admission tunes this pool's admission by priority band at Tier-1;
 	// unset fields keep priority's defaults. Meridian's own field.
 	Admission *Admission `json:"admission,omitempty"`
+	// Options tune Tier-1's scorers for this pool; unset fields keep the
+	// defaults (tier1.DefaultOptions). Meridian's own field.
+	Options *SchedulerOptions `json:"options,omitempty"`
+}
+
+// SchedulerOptions are tier1.Options for one pool, plus the prefix index.
+type SchedulerOptions struct {
+	// Fallbacks is how many endpoints after the primary a decision
+	// returns for retries before the first byte. Default 2; -1 means none.
+	Fallbacks int `json:"fallbacks,omitempty"`
+	// MaxMetricsAge is how old a pod's last scrape may be before the pod
+	// is avoided (all stale: all used). Default 1s (20 scrapes of 50 ms).
+	MaxMetricsAge Duration `json:"maxMetricsAge,omitempty"`
+	// QueueHalf and RunningHalf are the waiting and running requests
+	// (scraped plus dispatched since the scrape: Tier-1's in-flight
+	// accounting) at which the queue and running-requests scores halve.
+	// Defaults 4 and 64.
+	QueueHalf   float64 `json:"queueHalf,omitempty"`
+	RunningHalf float64 `json:"runningHalf,omitempty"`
+	// QueueSaturation and KVSaturation are where a pod's cached prefix
+	// stops counting for the prefix score. Defaults 8 and 0.95.
+	QueueSaturation float64 `json:"queueSaturation,omitempty"`
+	KVSaturation    float64 `json:"kvSaturation,omitempty"`
+	// LatencyScale is the predicted TTFT at which the predictedLatency
+	// score halves (the latency model's scale). Default 500ms.
+	LatencyScale Duration `json:"latencyScale,omitempty"`
+	// Prefix sizes the prefix index; it overrides the prefix plugin's
+	// parameters of an EndpointPickerConfig.
+	Prefix *PrefixOptions `json:"prefix,omitempty"`
+}
+
+// PrefixOptions size the prefix index (GIE prefix-cache-scorer's names).
+type PrefixOptions struct {
+	// BlockSize is characters per block. Default 64.
+	BlockSize int `json:"blockSize,omitempty"`
+	// MaxPrefixBlocksToMatch caps blocks hashed per request. Default 256.
+	MaxPrefixBlocksToMatch int `json:"maxPrefixBlocksToMatch,omitempty"`
+	// LRUCapacityPerServer caps blocks remembered per pod that reports no
+	// KV cache size. Default 31250.
+	LRUCapacityPerServer int `json:"lruCapacityPerServer,omitempty"`
+	// AutoTune sizes the index from what the servers report; only true
+	// (the default) is supported.
+	AutoTune *bool `json:"autoTune,omitempty"`
 }
 
 // Admission is one pool's admission by priority band (docs/priority.md):

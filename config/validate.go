@@ -607,6 +607,7 @@ func (b *builder) gateway(g *Gateway) {
 			b.errf(key, path+".scoring", "unknown scoring %q; want %q or %q", sc.Scoring, ScoringMeridian, ScoringGIE)
 		}
 		b.admission(key, path+".admission", sc.Admission)
+		b.schedulerOptions(key, path+".options", sc.Options)
 		policy, ok := b.schedulerPolicy(key, path, sc)
 		if ok {
 			b.s.policies[g.Metadata.Name+"/"+sc.Name] = policy
@@ -640,6 +641,49 @@ func (b *builder) admission(key ObjectKey, path string, a *Admission) {
 	}{{"staleAfter", a.StaleAfter}, {"standardMaxWait", a.StandardMaxWait}, {"criticalMaxWait", a.CriticalMaxWait}, {"retryAfter", a.RetryAfter}} {
 		if d.v < 0 || d.v.D() > time.Hour {
 			b.errf(key, path+"."+d.name, "must be a duration between 0 and 1h, got %s", d.v.D())
+		}
+	}
+}
+
+// schedulerOptions checks a pool's scorer options.
+func (b *builder) schedulerOptions(key ObjectKey, path string, o *SchedulerOptions) {
+	if o == nil {
+		return
+	}
+	if o.Fallbacks < -1 || o.Fallbacks > 16 {
+		b.errf(key, path+".fallbacks", "must be -1 (none) to 16, got %d", o.Fallbacks)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"queueHalf", o.QueueHalf}, {"runningHalf", o.RunningHalf}, {"queueSaturation", o.QueueSaturation}} {
+		if f.v < 0 || math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			b.errf(key, path+"."+f.name, "must be a number > 0, got %v", f.v)
+		}
+	}
+	if o.KVSaturation < 0 || o.KVSaturation > 1 || math.IsNaN(o.KVSaturation) {
+		b.errf(key, path+".kvSaturation", "must be a fraction in (0, 1], got %v", o.KVSaturation)
+	}
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{{"maxMetricsAge", o.MaxMetricsAge}, {"latencyScale", o.LatencyScale}} {
+		if d.v < 0 || d.v.D() > time.Hour {
+			b.errf(key, path+"."+d.name, "must be a duration between 0 and 1h, got %s", d.v.D())
+		}
+	}
+	if p := o.Prefix; p != nil {
+		if p.BlockSize < 0 || p.BlockSize > 65536 {
+			b.errf(key, path+".prefix.blockSize", "must be 1..65536 characters, got %d", p.BlockSize)
+		}
+		if p.MaxPrefixBlocksToMatch < 0 || p.MaxPrefixBlocksToMatch > 65536 {
+			b.errf(key, path+".prefix.maxPrefixBlocksToMatch", "must be 1..65536, got %d", p.MaxPrefixBlocksToMatch)
+		}
+		if p.LRUCapacityPerServer < 0 || p.LRUCapacityPerServer > 100_000_000 {
+			b.errf(key, path+".prefix.lruCapacityPerServer", "must be 1..100000000, got %d", p.LRUCapacityPerServer)
+		}
+		if p.AutoTune != nil && !*p.AutoTune {
+			b.errf(key, path+".prefix.autoTune", "false is not supported: Tier-1 always sizes the prefix index from what the servers report")
 		}
 	}
 }
@@ -702,6 +746,20 @@ func (b *builder) schedulerPolicy(key ObjectKey, path string, sc Scheduler) (Sch
 	}
 	if sc.Scoring != "" {
 		p.Scoring = sc.Scoring
+	}
+	if o := sc.Options; o != nil && o.Prefix != nil {
+		if o.Prefix.BlockSize > 0 {
+			p.BlockSize = o.Prefix.BlockSize
+		}
+		if o.Prefix.MaxPrefixBlocksToMatch > 0 {
+			p.MaxPrefixBlocks = o.Prefix.MaxPrefixBlocksToMatch
+		}
+		if o.Prefix.LRUCapacityPerServer > 0 {
+			p.LRUCapacityPerServer = o.Prefix.LRUCapacityPerServer
+		}
+		if o.Prefix.AutoTune != nil {
+			p.PrefixAutoTune = o.Prefix.AutoTune
+		}
 	}
 	return p, true
 }

@@ -138,10 +138,11 @@ func TestAdmissionWithoutShippedSaturation(t *testing.T) {
 // it admitted since that digest was produced.
 func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		// One pod: five requests fill it; Standard stops at 4.5.
+		// One pod: five requests fill it; Standard stops at 2.75 (the
+		// default Critical reserve is 0.45), so three get in.
 		a, _ := admissionOver(t, pool{"home", "h1", 0, 1, 0})
 		ctx := context.Background()
-		for range 5 {
+		for range 3 {
 			if _, _, err := a.Admit(ctx, "m", priority.Request{Tenant: "t", Band: priority.Standard}); err != nil {
 				t.Fatal(err)
 			}
@@ -152,7 +153,7 @@ func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 		}
 		a.mu.Unlock()
 		if got := outcome(t, a, priority.Standard); got != "waits" {
-			t.Fatalf("sixth Standard request after re-observing the same digest: %s; want waits", got)
+			t.Fatalf("fourth Standard request after re-observing the same digest: %s; want waits", got)
 		}
 		// A newer digest replaces the Gate's count.
 		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 1, TotalPods: 1,

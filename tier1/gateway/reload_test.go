@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,11 +23,12 @@ import (
 
 // reloadYAML is pool "chat" of two pods with the given admission settings
 // (YAML flow mapping, or "" for none), the Critical tenant payments, and
-// extra documents.
+// extra documents. Admission settings come with scheduler options that
+// turn fallbacks off and hash 16-character prefix blocks.
 func reloadYAML(admission, extra string) string {
 	adm := ""
 	if admission != "" {
-		adm = "\n    admission: " + admission
+		adm = "\n    admission: " + admission + "\n    options: {fallbacks: -1, prefix: {blockSize: 16}}"
 	}
 	return `apiVersion: meridian.dev/v1alpha1
 kind: InferenceGatewayConfig
@@ -225,6 +227,23 @@ func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml strin
 		load(gw, eps, map[string]int{"a": 2, "b": 2}) // the observe loop's next tick
 	}
 
+	// critical routes a Critical request with a 640-character prompt and
+	// reports how many endpoints and prefix blocks its decision had.
+	critical := func() (endpoints, blocks int) {
+		t.Helper()
+		long := &request.Body{Model: "chat-model", Kind: request.Completion, Prompt: strings.Repeat("0123456789", 64)}
+		d, err := gw.Route(ctx, long, gateway.Meta{Header: header(gateway.HeaderTenant, "payments", gateway.HeaderBand, "Critical")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer serve(d)
+		return len(d.Endpoints), len(d.Request.Hashes)
+	}
+	eps0, blocks0 := critical()
+	if eps0 != 2 {
+		t.Fatalf("%d endpoints with the default 2 fallbacks over 2 pods", eps0)
+	}
+
 	// Defaults: reserve 0.45, so Sheddable is admitted below 0.55.
 	held, ok := sheddable("-1")
 	if !ok {
@@ -239,6 +258,9 @@ func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml strin
 	apply(reloadYAML("{queueThreshold: 4, criticalReserve: 0.6, maxQueued: 50}", objectivesYAML))
 	if th := gw.Pools()[0].Thresholds(); th.Queue != 4 {
 		t.Fatalf("thresholds after reload %+v", th)
+	}
+	if eps, blocks := critical(); eps != 1 || blocks <= blocks0 {
+		t.Fatalf("after the reload: %d endpoints (want 1: fallbacks -1), %d prefix blocks (want more than %d: block size 16)", eps, blocks, blocks0)
 	}
 	if _, ok := sheddable("batch"); ok {
 		t.Fatal("Sheddable (objective batch) admitted at saturation 0.5 with reserve 0.6")
