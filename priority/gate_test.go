@@ -170,6 +170,7 @@ func TestBlindPool(t *testing.T) {
 func TestLateBinding(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := &Gate{}
+		g.SetConfig(Config{CriticalReserve: -1}) // Standard may fill the pool
 		g.Observe(Saturation{Value: 1.2, PerRequest: 0.25, Fresh: 1})
 		var (
 			mu     sync.Mutex
