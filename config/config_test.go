@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meridian-router/meridian/config"
 )
@@ -157,6 +158,42 @@ func TestInvalidConfigs(t *testing.T) {
 		{"missing name", "apiVersion: meridian.dev/v1alpha1\nkind: Tenant\nspec: {}\n", []string{"metadata.name: required"}},
 		{"not a mapping", "- a\n- b\n", []string{"a document must be a mapping"}},
 		{"bad yaml", "a: [\n", []string{"invalid YAML"}},
+		{"admission unknown field", gwHead + sched("a", "m", "    admission: {queueThreshold: 3, reserve: 0.2}\n"),
+			[]string{`spec.schedulers[0].admission.reserve: strict decoding error: unknown field "reserve"`}},
+		{"admission out of range", gwHead + sched("a", "m", "    admission: {kvCacheThreshold: 1.5, criticalReserve: 1, maxQueued: -1, standardMaxWait: 2h, queueThreshold: -2}\n"),
+			[]string{"spec.schedulers[0].admission.kvCacheThreshold: must be a fraction in (0, 1], got 1.5",
+				"spec.schedulers[0].admission.criticalReserve: must be a fraction in [0, 1), got 1",
+				"spec.schedulers[0].admission.maxQueued: must be 1..1000000, got -1",
+				"spec.schedulers[0].admission.standardMaxWait: must be a duration between 0 and 1h, got 2h0m0s",
+				"spec.schedulers[0].admission.queueThreshold: must be a number > 0"}},
+		{"admission wrong type", gwHead + sched("a", "m", "    admission: {criticalMaxWait: 30}\n"),
+			[]string{`spec.schedulers[0].admission.criticalMaxWait: want a duration string`}},
+		{"prefix plugin unknown parameter", "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nmetadata: {name: e}\nplugins:\n- type: prefix-cache-scorer\n  parameters: {blockSize: 32, autoTunes: true}\n",
+			[]string{`EndpointPickerConfig/e: plugins[0].parameters.autoTunes: strict decoding error: unknown field "autoTunes"`}},
+		{"prefix plugin autoTune false", "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nmetadata: {name: e}\nplugins:\n- type: prefix-cache-scorer\n  parameters: {autoTune: false}\n",
+			[]string{`plugins[0].parameters.autoTune: false is not supported`}},
+		{"prefix plugin wrong type", "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nmetadata: {name: e}\nplugins:\n- type: prefix-cache-scorer\n  parameters: {lruCapacityPerServer: many}\n",
+			[]string{`plugins[0].parameters.lruCapacityPerServer: want an integer, got string "many"`}},
+		{"objective unknown field", "apiVersion: inference.networking.x-k8s.io/v1alpha2\nkind: InferenceObjective\nmetadata: {name: o}\nspec: {priority: 1, criticality: Critical}\n",
+			[]string{`InferenceObjective/o: spec.criticality: strict decoding error: unknown field "criticality"`}},
+		{"objective priority range", "apiVersion: inference.networking.x-k8s.io/v1alpha2\nkind: InferenceObjective\nmetadata: {name: o}\nspec: {priority: 9999999999}\n",
+			[]string{`InferenceObjective/o: spec.priority: must be -1000000..1000000`}},
+		{"scheduler options", gwHead + sched("a", "m", "    options: {fallbacks: 99, kvSaturation: 2, latencyScale: 2h, prefix: {blockSize: -1, autoTune: false}}\n"),
+			[]string{"spec.schedulers[0].options.fallbacks: must be -1 (none) to 16, got 99",
+				"spec.schedulers[0].options.kvSaturation: must be a fraction in (0, 1], got 2",
+				"spec.schedulers[0].options.latencyScale: must be a duration between 0 and 1h, got 2h0m0s",
+				"spec.schedulers[0].options.prefix.blockSize: must be 1..65536 characters, got -1",
+				"spec.schedulers[0].options.prefix.autoTune: false is not supported"}},
+		{"scheduler options unknown field", gwHead + sched("a", "m", "    options: {prefix: {blockSizeTokens: 16}}\n"),
+			[]string{`spec.schedulers[0].options.prefix.blockSizeTokens: strict decoding error: unknown field "blockSizeTokens"`}},
+		{"routing internals", "apiVersion: meridian.dev/v1alpha1\nkind: Topology\nmetadata: {name: t}\nspec:\n  regions: [{name: r, clusters: [{name: c, tier1: \"http://127.0.0.1:1\"}]}]\n  routing:\n    digestMaxAge: -1s\n    retryBudget: {ratio: 20, budget: 1}\n    outlierDetection: {failureRate: 2, baseEjection: 10s, maxEjection: 1s}\n    admission: {criticalReserve: -0.5}\n",
+			[]string{`Topology/t: spec.routing.retryBudget.budget: strict decoding error: unknown field "budget"`}},
+		{"routing internals values", "apiVersion: meridian.dev/v1alpha1\nkind: Topology\nmetadata: {name: t}\nspec:\n  regions: [{name: r, clusters: [{name: c, tier1: \"http://127.0.0.1:1\"}]}]\n  routing:\n    digestMaxAge: -1s\n    retryBudget: {ratio: 20}\n    outlierDetection: {failureRate: 2, baseEjection: 10s, maxEjection: 1s}\n    admission: {criticalReserve: -0.5}\n",
+			[]string{"spec.routing.digestMaxAge: must be a duration between 0 and 1h, got -1s",
+				"spec.routing.retryBudget.ratio: must be 0..10 retries per request, got 20",
+				"spec.routing.outlierDetection.failureRate: must be a fraction in (0, 1], got 2",
+				"spec.routing.outlierDetection.maxEjection: must be at least baseEjection (10s), got 1s",
+				"spec.routing.admission.criticalReserve: must be a fraction in [0, 1), got -0.5"}},
 		{"static endpoint address", "apiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints\nmetadata: {name: s}\nspec:\n  endpoints:\n  - {name: p, address: nowhere}\n",
 			[]string{`spec.endpoints[0].address: want host:port, got "nowhere"`}},
 	}
@@ -240,4 +277,28 @@ func FuzzDecode(f *testing.F) {
 			t.Fatal("no error and no snapshot")
 		}
 	})
+}
+
+func TestAdmissionAndObjectives(t *testing.T) {
+	s := mustBuild(t, gwHead+sched("a", "m", "    admission: {queueThreshold: 3, kvCacheThreshold: 0.7, criticalReserve: 0, maxQueued: 10, standardMaxWait: 2s}\n")+
+		"---\napiVersion: inference.networking.x-k8s.io/v1alpha2\nkind: InferenceObjective\nmetadata: {name: checkout}\nspec: {priority: 10}\n"+
+		"---\napiVersion: inference.networking.x-k8s.io/v1alpha2\nkind: InferenceObjective\nmetadata: {name: default}\nspec: {}\n")
+	a := s.Gateways[0].Spec.Schedulers[0].Admission
+	if a == nil || a.QueueThreshold != 3 || a.KVCacheThreshold != 0.7 || a.CriticalReserve == nil || *a.CriticalReserve != 0 ||
+		a.MaxQueued != 10 || a.StandardMaxWait.D() != 2*time.Second {
+		t.Fatalf("admission %+v", a)
+	}
+	if got := s.ObjectivePriorities(); len(got) != 2 || got["checkout"] != 10 || got["default"] != 0 {
+		t.Fatalf("objectives %v", got)
+	}
+	o := mustBuild(t, gwHead+sched("a", "m", "    options: {fallbacks: -1, queueHalf: 2, prefix: {blockSize: 16, lruCapacityPerServer: 500, autoTune: true}}\n"))
+	if pol, _ := o.Policy("gw", "a"); pol.BlockSize != 16 || pol.LRUCapacityPerServer != 500 || pol.MaxPrefixBlocks != 256 {
+		t.Fatalf("options.prefix not in the policy: %+v", pol)
+	}
+	p := mustBuild(t, "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nmetadata: {name: e}\nplugins:\n- type: prefix-cache-scorer\n  parameters: {blockSize: 32, maxPrefixBlocksToMatch: 64, lruCapacityPerServer: 1000, autoTune: true}\n---\n"+
+		gwHead+sched("a", "m", "    configMapRef: {name: e}\n"))
+	pol, _ := p.Policy("gw", "a")
+	if pol.BlockSize != 32 || pol.MaxPrefixBlocks != 64 || pol.LRUCapacityPerServer != 1000 || pol.PrefixAutoTune == nil || !*pol.PrefixAutoTune {
+		t.Fatalf("policy %+v", pol)
+	}
 }

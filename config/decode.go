@@ -36,6 +36,7 @@ var kinds = map[string]kindInfo{
 	KindTenant:          {[]string{MeridianV1Alpha1}, func() any { return new(Tenant) }},
 	KindTopology:        {[]string{MeridianV1Alpha1}, func() any { return new(Topology) }},
 	KindStaticEndpoints: {[]string{MeridianV1Alpha1}, func() any { return new(StaticEndpoints) }},
+	KindObjective:       {[]string{GIEXV1Alpha2, GIEPoolV1}, func() any { return new(InferenceObjective) }},
 }
 
 // Kinds returns the kinds Meridian reads, sorted.

@@ -233,6 +233,10 @@ type DirSource struct {
 	// Check, when set, is the consumer's own test of a valid snapshot, as
 	// EtcdSource.Check: a snapshot it refuses is an invalid reload.
 	Check func(*Snapshot) error
+	// Rewrite, when set, edits the decoded documents of every load before
+	// they are validated (meridian up moves the listen addresses of a
+	// Topology whose ports are taken). It may modify docs in place.
+	Rewrite func(docs []Document) []Document
 
 	mu      sync.Mutex
 	lastErr error
@@ -319,7 +323,17 @@ func (d *DirSource) LastError() error {
 
 func (d *DirSource) load() (*Snapshot, [32]byte, error) {
 	sum, _ := dirDigest(d.Dir)
-	s, err := LoadDir(d.Dir)
+	var s *Snapshot
+	var err error
+	if d.Rewrite == nil {
+		s, err = LoadDir(d.Dir)
+	} else {
+		var docs []Document
+		if docs, _, err = ReadDir(d.Dir); err != nil {
+			return nil, sum, err
+		}
+		s, err = Build(d.Rewrite(docs), 0)
+	}
 	if err == nil && d.Check != nil {
 		if cerr := d.Check(s); cerr != nil {
 			return nil, sum, fmt.Errorf("%w: %s: %w", ErrUnusable, d.Dir, cerr)

@@ -19,6 +19,8 @@ type Snapshot struct {
 	Tenants         map[string]*Tenant
 	Topology        *Topology // nil when none is configured
 	StaticEndpoints []*StaticEndpoints
+	// Objectives are the InferenceObjectives by name.
+	Objectives map[string]*InferenceObjective
 
 	// Adapters maps a LoRA adapter name to its base model, from the
 	// bbr-managed ConfigMaps.
@@ -81,6 +83,20 @@ func (s *Snapshot) Gateway(cluster string) *Gateway {
 func (s *Snapshot) Policy(gateway, scheduler string) (SchedulerPolicy, bool) {
 	p, ok := s.policies[gateway+"/"+scheduler]
 	return p, ok
+}
+
+// ObjectivePriorities maps every InferenceObjective's name to its priority
+// (0 when unset), for x-gateway-inference-objective.
+func (s *Snapshot) ObjectivePriorities() map[string]int {
+	out := make(map[string]int, len(s.Objectives))
+	for name, o := range s.Objectives {
+		p := 0
+		if o.Spec.Priority != nil {
+			p = *o.Spec.Priority
+		}
+		out[name] = p
+	}
+	return out
 }
 
 // Tenant returns a tenant by name, or nil.
@@ -147,6 +163,12 @@ type SchedulerPolicy struct {
 	BlockSize            int
 	MaxPrefixBlocks      int
 	LRUCapacityPerServer int
+	// PrefixAutoTune is GIE's autoTune parameter of the prefix plugin as
+	// written (nil when not set). GIE mode always takes the servers'
+	// reported block size and GPU blocks when they report them, which is
+	// autoTune true; false is rejected by validation, since Tier-1 has no
+	// fixed-size GIE index.
+	PrefixAutoTune *bool
 }
 
 // DefaultPolicy is the policy of a scheduler with neither weights nor a

@@ -32,6 +32,7 @@ const (
 	KindTenant          = "Tenant"
 	KindTopology        = "Topology"
 	KindStaticEndpoints = "StaticEndpoints"
+	KindObjective       = "InferenceObjective"
 )
 
 // Metadata is the subset of Kubernetes object metadata Meridian uses.
@@ -168,6 +169,81 @@ type Scheduler struct {
 	// (the Gateway API Inference Extension's exact semantics, the baseline).
 	// Meridian's own field.
 	Scoring string `json:"scoring,omitempty"`
+	// Admission tunes this pool's admission by priority band at Tier-1;
+	// unset fields keep priority's defaults. Meridian's own field.
+	Admission *Admission `json:"admission,omitempty"`
+	// Options tune Tier-1's scorers for this pool; unset fields keep the
+	// defaults (tier1.DefaultOptions). Meridian's own field.
+	Options *SchedulerOptions `json:"options,omitempty"`
+}
+
+// SchedulerOptions are tier1.Options for one pool, plus the prefix index.
+type SchedulerOptions struct {
+	// Fallbacks is how many endpoints after the primary a decision
+	// returns for retries before the first byte. Default 2; -1 means none.
+	Fallbacks int `json:"fallbacks,omitempty"`
+	// MaxMetricsAge is how old a pod's last scrape may be before the pod
+	// is avoided (all stale: all used). Default 1s (20 scrapes of 50 ms).
+	MaxMetricsAge Duration `json:"maxMetricsAge,omitempty"`
+	// QueueHalf and RunningHalf are the waiting and running requests
+	// (scraped plus dispatched since the scrape: Tier-1's in-flight
+	// accounting) at which the queue and running-requests scores halve.
+	// Defaults 4 and 64.
+	QueueHalf   float64 `json:"queueHalf,omitempty"`
+	RunningHalf float64 `json:"runningHalf,omitempty"`
+	// QueueSaturation and KVSaturation are where a pod's cached prefix
+	// stops counting for the prefix score. Defaults 8 and 0.95.
+	QueueSaturation float64 `json:"queueSaturation,omitempty"`
+	KVSaturation    float64 `json:"kvSaturation,omitempty"`
+	// LatencyScale is the predicted TTFT at which the predictedLatency
+	// score halves (the latency model's scale). Default 500ms.
+	LatencyScale Duration `json:"latencyScale,omitempty"`
+	// Prefix sizes the prefix index; it overrides the prefix plugin's
+	// parameters of an EndpointPickerConfig.
+	Prefix *PrefixOptions `json:"prefix,omitempty"`
+}
+
+// PrefixOptions size the prefix index (GIE prefix-cache-scorer's names).
+type PrefixOptions struct {
+	// BlockSize is characters per block. Default 64.
+	BlockSize int `json:"blockSize,omitempty"`
+	// MaxPrefixBlocksToMatch caps blocks hashed per request. Default 256.
+	MaxPrefixBlocksToMatch int `json:"maxPrefixBlocksToMatch,omitempty"`
+	// LRUCapacityPerServer caps blocks remembered per pod that reports no
+	// KV cache size. Default 31250.
+	LRUCapacityPerServer int `json:"lruCapacityPerServer,omitempty"`
+	// AutoTune sizes the index from what the servers report; only true
+	// (the default) is supported.
+	AutoTune *bool `json:"autoTune,omitempty"`
+}
+
+// Admission is one pool's admission by priority band (docs/priority.md):
+// when the pool counts as saturated, and what the Gate in front of it
+// holds. Every field is optional; zero keeps the default named.
+type Admission struct {
+	// QueueThreshold is the waiting requests per pod at which a pod counts
+	// as full. Default 5 (GIE's).
+	QueueThreshold float64 `json:"queueThreshold,omitempty"`
+	// KVCacheThreshold is the KV-cache use (0..1] at which a pod counts as
+	// full. Default 0.8 (GIE's); vLLM preempts above about 0.9.
+	KVCacheThreshold float64 `json:"kvCacheThreshold,omitempty"`
+	// StaleAfter is the metrics age beyond which a pod is left out of the
+	// saturation. Default 2s.
+	StaleAfter Duration `json:"staleAfter,omitempty"`
+	// CriticalReserve is the share of the saturation budget kept for
+	// Critical requests, 0..1; 0 means no reserve. Unset means 0.45.
+	CriticalReserve *float64 `json:"criticalReserve,omitempty"`
+	// MaxQueued bounds the requests waiting in the pool's Gate. Default 1000.
+	MaxQueued int `json:"maxQueued,omitempty"`
+	// MaxQueuedBytes bounds the request bodies held while waiting.
+	// Default 268435456 (256 MiB).
+	MaxQueuedBytes int64 `json:"maxQueuedBytes,omitempty"`
+	// StandardMaxWait and CriticalMaxWait are how long a request of the
+	// band may wait before a 429. Defaults 10s and 30s.
+	StandardMaxWait Duration `json:"standardMaxWait,omitempty"`
+	CriticalMaxWait Duration `json:"criticalMaxWait,omitempty"`
+	// RetryAfter is the delay a 429 asks for. Default 1s.
+	RetryAfter Duration `json:"retryAfter,omitempty"`
 }
 
 // ModelSelector selects pods (Kubernetes or StaticEndpoints) by label.
@@ -376,6 +452,29 @@ type AnalysisLimit struct {
 }
 
 // ---------------------------------------------------------------------------
+// InferenceObjective (GIE)
+
+// InferenceObjective names a priority (GIE's v1alpha2 shape): a request
+// whose x-gateway-inference-objective header carries the name gets the
+// band of spec.priority (positive Critical, 0 Standard, negative
+// Sheddable).
+type InferenceObjective struct {
+	APIVersion string                 `json:"apiVersion"`
+	Kind       string                 `json:"kind"`
+	Metadata   Metadata               `json:"metadata"`
+	Spec       InferenceObjectiveSpec `json:"spec"`
+}
+
+// InferenceObjectiveSpec follows GIE.
+type InferenceObjectiveSpec struct {
+	// Priority: higher is served first; nil means 0 (Standard).
+	Priority *int `json:"priority,omitempty"`
+	// PoolRef names the InferencePool the objective applies to
+	// (informational: Meridian applies objectives to every pool).
+	PoolRef *PoolRef `json:"poolRef,omitempty"`
+}
+
+// ---------------------------------------------------------------------------
 // Tenant
 
 // Tenant is one product team's quota and permissions.
@@ -467,6 +566,55 @@ type Routing struct {
 	// RTTs are configured round trips between Regions, used until
 	// measured ones arrive.
 	RTTs []RegionRTT `json:"rtts,omitempty"`
+	// DigestMaxAge is how old a pool-health digest may be and still be
+	// used; a cluster with none fresher is not a candidate. Default 5s:
+	// ten of Tier-1's 500 ms digests, so a lost digest or a slow gossip
+	// round does not drop a cluster.
+	DigestMaxAge Duration `json:"digestMaxAge,omitempty"`
+	// RetryBudget caps Tier-2's failovers; unset fields keep the defaults.
+	RetryBudget *RetryBudget `json:"retryBudget,omitempty"`
+	// OutlierDetection ejects failing clusters; unset fields keep the
+	// defaults.
+	OutlierDetection *OutlierDetection `json:"outlierDetection,omitempty"`
+	// Admission tunes Tier-2's global admission by band (one Gate per
+	// model, fed from the digests); unset fields keep priority's defaults.
+	Admission *Admission `json:"admission,omitempty"`
+}
+
+// RetryBudget lets retries add at most Ratio of the requests seen over
+// Window, plus MinRetries per Window.
+type RetryBudget struct {
+	// Ratio is retries allowed per request. Default 0.2 (Finagle's and
+	// Envoy's usual budget: a retry storm adds at most 20% load).
+	Ratio float64 `json:"ratio,omitempty"`
+	// Window is the period counted. Default 10s.
+	Window Duration `json:"window,omitempty"`
+	// MinRetries are allowed per Window whatever the traffic. Default 3.
+	MinRetries int `json:"minRetries,omitempty"`
+}
+
+// OutlierDetection is the shape of Envoy's outlier detection for clusters.
+type OutlierDetection struct {
+	// ConsecutiveFailures ejects a cluster after this many failures in a
+	// row. Default 5 (Envoy's).
+	ConsecutiveFailures int `json:"consecutiveFailures,omitempty"`
+	// FailureRate ejects a cluster whose failed share over Interval
+	// reaches it, after MinRequests. Default 0.5.
+	FailureRate float64 `json:"failureRate,omitempty"`
+	// MinRequests before FailureRate applies. Default 20.
+	MinRequests int `json:"minRequests,omitempty"`
+	// Interval FailureRate is computed over. Default 10s (Envoy's).
+	Interval Duration `json:"interval,omitempty"`
+	// BaseEjection is the first ejection's length, doubled per repeat up
+	// to MaxEjection; the backoff resets after EjectionMemory without one.
+	// Defaults 2s, 2m, 5m.
+	BaseEjection   Duration `json:"baseEjection,omitempty"`
+	MaxEjection    Duration `json:"maxEjection,omitempty"`
+	EjectionMemory Duration `json:"ejectionMemory,omitempty"`
+	// ReadmitShare is the share of traffic a readmitted cluster starts
+	// with, doubling every ReadmitStep. Defaults 0.1 and 1s.
+	ReadmitShare float64  `json:"readmitShare,omitempty"`
+	ReadmitStep  Duration `json:"readmitStep,omitempty"`
 }
 
 // RoutingWeights weigh the cluster scorers.

@@ -3,13 +3,16 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -32,6 +35,7 @@ func Build(docs []Document, revision int64) (*Snapshot, error) {
 			Pools:           map[string]*InferencePool{},
 			Rewrites:        map[string]*ModelRewrite{},
 			Tenants:         map[string]*Tenant{},
+			Objectives:      map[string]*InferenceObjective{},
 			Adapters:        map[string]string{},
 			Objects:         map[ObjectKey]Object{},
 			policies:        map[string]SchedulerPolicy{},
@@ -98,6 +102,8 @@ func (b *builder) collect(docs []Document) {
 			b.s.Topology = v
 		case *StaticEndpoints:
 			b.s.StaticEndpoints = append(b.s.StaticEndpoints, v)
+		case *InferenceObjective:
+			b.s.Objectives[key.Name] = v
 		}
 	}
 	sort.Slice(b.s.Gateways, func(i, j int) bool { return b.s.Gateways[i].Metadata.Name < b.s.Gateways[j].Metadata.Name })
@@ -153,6 +159,9 @@ func (b *builder) validate() {
 	}
 	for _, se := range b.s.StaticEndpoints {
 		b.staticEndpoints(se)
+	}
+	for _, name := range sortedMapKeys(b.s.Objectives) {
+		b.objective(b.s.Objectives[name])
 	}
 }
 
@@ -223,11 +232,14 @@ func knownPluginTypes() string {
 	return strings.Join(keys, ", ")
 }
 
+// prefixParams are the prefix-cache-scorer's parameters, decoded strictly:
+// an unknown one is an error with its path.
 type prefixParams struct {
-	BlockSize              int `json:"blockSize"`
-	HashBlockSize          int `json:"hashBlockSize"`
-	MaxPrefixBlocksToMatch int `json:"maxPrefixBlocksToMatch"`
-	LRUCapacityPerServer   int `json:"lruCapacityPerServer"`
+	BlockSize              int   `json:"blockSize"`
+	HashBlockSize          int   `json:"hashBlockSize"`
+	MaxPrefixBlocksToMatch int   `json:"maxPrefixBlocksToMatch"`
+	LRUCapacityPerServer   int   `json:"lruCapacityPerServer"`
+	AutoTune               *bool `json:"autoTune"`
 }
 
 // endpointPicker validates an EndpointPickerConfig and resolves it into a
@@ -259,11 +271,26 @@ func (b *builder) endpointPicker(key ObjectKey, prefix string, c *EndpointPicker
 		byName[name] = pl.Type
 		if pl.Type == "prefix-cache-scorer" && len(pl.Parameters) > 0 {
 			var pp prefixParams
-			dec := json.NewDecoder(strings.NewReader(string(pl.Parameters)))
-			if err := dec.Decode(&pp); err != nil {
+			var generic any
+			if err := json.Unmarshal(pl.Parameters, &generic); err != nil {
 				fail(path+".parameters", "%v", err)
 				continue
 			}
+			if errs := checkShape("", generic, reflect.TypeOf(pp)); len(errs) > 0 {
+				for _, e := range errs {
+					fail(join(path+".parameters", e.path), "%s", e.msg)
+				}
+				continue
+			}
+			if err := json.Unmarshal(pl.Parameters, &pp); err != nil {
+				fail(path+".parameters", "%v", err)
+				continue
+			}
+			if pp.AutoTune != nil && !*pp.AutoTune {
+				fail(path+".parameters.autoTune", "false is not supported: Tier-1 always sizes the prefix index from what the servers report (autoTune true); set blockSize and lruCapacityPerServer for servers that report nothing")
+				continue
+			}
+			p.PrefixAutoTune = pp.AutoTune
 			bs := pp.BlockSize
 			if bs == 0 {
 				bs = pp.HashBlockSize
@@ -361,6 +388,47 @@ func (b *builder) topology() {
 				if v < 0 {
 					b.errf(key, "spec.routing.weights."+name, "must be ≥ 0, got %v", v)
 				}
+			}
+		}
+		b.admission(key, "spec.routing.admission", r.Admission)
+		if r.DigestMaxAge < 0 || r.DigestMaxAge.D() > time.Hour {
+			b.errf(key, "spec.routing.digestMaxAge", "must be a duration between 0 and 1h, got %s", r.DigestMaxAge.D())
+		}
+		if rb := r.RetryBudget; rb != nil {
+			if rb.Ratio < 0 || rb.Ratio > 10 || math.IsNaN(rb.Ratio) {
+				b.errf(key, "spec.routing.retryBudget.ratio", "must be 0..10 retries per request, got %v", rb.Ratio)
+			}
+			if rb.Window < 0 || rb.Window.D() > time.Hour {
+				b.errf(key, "spec.routing.retryBudget.window", "must be a duration between 0 and 1h, got %s", rb.Window.D())
+			}
+			if rb.MinRetries < 0 || rb.MinRetries > 1_000_000 {
+				b.errf(key, "spec.routing.retryBudget.minRetries", "must be 0..1000000, got %d", rb.MinRetries)
+			}
+		}
+		if o := r.OutlierDetection; o != nil {
+			p := "spec.routing.outlierDetection."
+			if o.ConsecutiveFailures < 0 || o.ConsecutiveFailures > 1_000_000 {
+				b.errf(key, p+"consecutiveFailures", "must be 0..1000000, got %d", o.ConsecutiveFailures)
+			}
+			if o.FailureRate < 0 || o.FailureRate > 1 || math.IsNaN(o.FailureRate) {
+				b.errf(key, p+"failureRate", "must be a fraction in (0, 1], got %v", o.FailureRate)
+			}
+			if o.MinRequests < 0 || o.MinRequests > 1_000_000 {
+				b.errf(key, p+"minRequests", "must be 0..1000000, got %d", o.MinRequests)
+			}
+			if o.ReadmitShare < 0 || o.ReadmitShare > 1 || math.IsNaN(o.ReadmitShare) {
+				b.errf(key, p+"readmitShare", "must be a fraction in (0, 1], got %v", o.ReadmitShare)
+			}
+			for _, d := range []struct {
+				name string
+				v    Duration
+			}{{"interval", o.Interval}, {"baseEjection", o.BaseEjection}, {"maxEjection", o.MaxEjection}, {"ejectionMemory", o.EjectionMemory}, {"readmitStep", o.ReadmitStep}} {
+				if d.v < 0 || d.v.D() > 24*time.Hour {
+					b.errf(key, p+d.name, "must be a duration between 0 and 24h, got %s", d.v.D())
+				}
+			}
+			if o.MaxEjection != 0 && o.BaseEjection != 0 && o.MaxEjection < o.BaseEjection {
+				b.errf(key, p+"maxEjection", "must be at least baseEjection (%s), got %s", o.BaseEjection.D(), o.MaxEjection.D())
 			}
 		}
 		if r.LoadFactor != 0 && r.LoadFactor <= 1 {
@@ -538,9 +606,97 @@ func (b *builder) gateway(g *Gateway) {
 		default:
 			b.errf(key, path+".scoring", "unknown scoring %q; want %q or %q", sc.Scoring, ScoringMeridian, ScoringGIE)
 		}
+		b.admission(key, path+".admission", sc.Admission)
+		b.schedulerOptions(key, path+".options", sc.Options)
 		policy, ok := b.schedulerPolicy(key, path, sc)
 		if ok {
 			b.s.policies[g.Metadata.Name+"/"+sc.Name] = policy
+		}
+	}
+}
+
+// admission checks a pool's admission settings.
+func (b *builder) admission(key ObjectKey, path string, a *Admission) {
+	if a == nil {
+		return
+	}
+	if a.QueueThreshold < 0 || math.IsNaN(a.QueueThreshold) || math.IsInf(a.QueueThreshold, 0) {
+		b.errf(key, path+".queueThreshold", "must be a number > 0 (waiting requests per pod), got %v", a.QueueThreshold)
+	}
+	if a.KVCacheThreshold < 0 || a.KVCacheThreshold > 1 || math.IsNaN(a.KVCacheThreshold) {
+		b.errf(key, path+".kvCacheThreshold", "must be a fraction in (0, 1], got %v", a.KVCacheThreshold)
+	}
+	if r := a.CriticalReserve; r != nil && (*r < 0 || *r >= 1 || math.IsNaN(*r)) {
+		b.errf(key, path+".criticalReserve", "must be a fraction in [0, 1), got %v", *r)
+	}
+	if a.MaxQueued < 0 || a.MaxQueued > 1_000_000 {
+		b.errf(key, path+".maxQueued", "must be 1..1000000, got %d", a.MaxQueued)
+	}
+	if a.MaxQueuedBytes < 0 || a.MaxQueuedBytes > 64<<30 {
+		b.errf(key, path+".maxQueuedBytes", "must be 1..%d, got %d", int64(64<<30), a.MaxQueuedBytes)
+	}
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{{"staleAfter", a.StaleAfter}, {"standardMaxWait", a.StandardMaxWait}, {"criticalMaxWait", a.CriticalMaxWait}, {"retryAfter", a.RetryAfter}} {
+		if d.v < 0 || d.v.D() > time.Hour {
+			b.errf(key, path+"."+d.name, "must be a duration between 0 and 1h, got %s", d.v.D())
+		}
+	}
+}
+
+// schedulerOptions checks a pool's scorer options.
+func (b *builder) schedulerOptions(key ObjectKey, path string, o *SchedulerOptions) {
+	if o == nil {
+		return
+	}
+	if o.Fallbacks < -1 || o.Fallbacks > 16 {
+		b.errf(key, path+".fallbacks", "must be -1 (none) to 16, got %d", o.Fallbacks)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"queueHalf", o.QueueHalf}, {"runningHalf", o.RunningHalf}, {"queueSaturation", o.QueueSaturation}} {
+		if f.v < 0 || math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			b.errf(key, path+"."+f.name, "must be a number > 0, got %v", f.v)
+		}
+	}
+	if o.KVSaturation < 0 || o.KVSaturation > 1 || math.IsNaN(o.KVSaturation) {
+		b.errf(key, path+".kvSaturation", "must be a fraction in (0, 1], got %v", o.KVSaturation)
+	}
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{{"maxMetricsAge", o.MaxMetricsAge}, {"latencyScale", o.LatencyScale}} {
+		if d.v < 0 || d.v.D() > time.Hour {
+			b.errf(key, path+"."+d.name, "must be a duration between 0 and 1h, got %s", d.v.D())
+		}
+	}
+	if p := o.Prefix; p != nil {
+		if p.BlockSize < 0 || p.BlockSize > 65536 {
+			b.errf(key, path+".prefix.blockSize", "must be 1..65536 characters, got %d", p.BlockSize)
+		}
+		if p.MaxPrefixBlocksToMatch < 0 || p.MaxPrefixBlocksToMatch > 65536 {
+			b.errf(key, path+".prefix.maxPrefixBlocksToMatch", "must be 1..65536, got %d", p.MaxPrefixBlocksToMatch)
+		}
+		if p.LRUCapacityPerServer < 0 || p.LRUCapacityPerServer > 100_000_000 {
+			b.errf(key, path+".prefix.lruCapacityPerServer", "must be 1..100000000, got %d", p.LRUCapacityPerServer)
+		}
+		if p.AutoTune != nil && !*p.AutoTune {
+			b.errf(key, path+".prefix.autoTune", "false is not supported: Tier-1 always sizes the prefix index from what the servers report")
+		}
+	}
+}
+
+// objective checks an InferenceObjective.
+func (b *builder) objective(o *InferenceObjective) {
+	key := ObjectKey{KindObjective, o.Metadata.Name}
+	if p := o.Spec.Priority; p != nil && (*p < -1_000_000 || *p > 1_000_000) {
+		b.errf(key, "spec.priority", "must be -1000000..1000000, got %d", *p)
+	}
+	if pr := o.Spec.PoolRef; pr != nil && len(b.s.Pools) > 0 {
+		if _, ok := b.s.Pools[pr.Name]; !ok {
+			b.errf(key, "spec.poolRef.name", "no InferencePool named %q", pr.Name)
 		}
 	}
 }
@@ -593,6 +749,20 @@ func (b *builder) schedulerPolicy(key ObjectKey, path string, sc Scheduler) (Sch
 	}
 	if sc.Scoring != "" {
 		p.Scoring = sc.Scoring
+	}
+	if o := sc.Options; o != nil && o.Prefix != nil {
+		if o.Prefix.BlockSize > 0 {
+			p.BlockSize = o.Prefix.BlockSize
+		}
+		if o.Prefix.MaxPrefixBlocksToMatch > 0 {
+			p.MaxPrefixBlocks = o.Prefix.MaxPrefixBlocksToMatch
+		}
+		if o.Prefix.LRUCapacityPerServer > 0 {
+			p.LRUCapacityPerServer = o.Prefix.LRUCapacityPerServer
+		}
+		if o.Prefix.AutoTune != nil {
+			p.PrefixAutoTune = o.Prefix.AutoTune
+		}
 	}
 	return p, true
 }

@@ -45,7 +45,8 @@ func skewScenario(t *testing.T, flowOf func(tenant string) string) []float64 {
 	served := make([]float64, tenants)
 	synctest.Test(t, func(t *testing.T) {
 		g := &Gate{}
-		g.SetConfig(Config{MaxQueued: 200, StandardMaxWait: 10 * time.Second})
+		// No Critical traffic here, so no reserve: every slot is Standard's.
+		g.SetConfig(Config{MaxQueued: 200, StandardMaxWait: 10 * time.Second, CriticalReserve: -1})
 		g.Observe(slots(capacity))
 		var (
 			mu sync.Mutex

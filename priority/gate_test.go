@@ -170,6 +170,7 @@ func TestBlindPool(t *testing.T) {
 func TestLateBinding(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := &Gate{}
+		g.SetConfig(Config{CriticalReserve: -1}) // Standard may fill the pool
 		g.Observe(Saturation{Value: 1.2, PerRequest: 0.25, Fresh: 1})
 		var (
 			mu     sync.Mutex
@@ -633,7 +634,7 @@ func TestCriticalReserve(t *testing.T) {
 		reserve  float64
 		standard int // Standard admitted before the pool is full for them
 	}{
-		{"default 0.1", 0, 18},
+		{"default 0.45", 0, 11},
 		{"a quarter", 0.25, 15},
 		{"none", -1, 20},
 	} {

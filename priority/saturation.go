@@ -2,6 +2,8 @@ package priority
 
 import (
 	"time"
+
+	"github.com/meridian-router/meridian/config"
 )
 
 // PodLoad is one pod's load as the caller last saw it.
@@ -167,4 +169,43 @@ func Combine(pools ...Saturation) Saturation {
 		out.PerRequest = 1 / inv
 	}
 	return out
+}
+
+// Overlay lays the fields a pool's admission settings set over a Gate
+// configuration and thresholds (which may hold a caller's own defaults);
+// unset fields keep c's and t's. An explicit criticalReserve of 0 means no
+// reserve. A nil a changes nothing.
+func Overlay(c Config, t Thresholds, a *config.Admission) (Config, Thresholds) {
+	if a == nil {
+		return c, t
+	}
+	setF := func(dst *float64, v float64) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	setD := func(dst *time.Duration, v config.Duration) {
+		if v != 0 {
+			*dst = v.D()
+		}
+	}
+	if a.MaxQueued != 0 {
+		c.MaxQueued = a.MaxQueued
+	}
+	if a.MaxQueuedBytes != 0 {
+		c.MaxQueuedBytes = a.MaxQueuedBytes
+	}
+	if r := a.CriticalReserve; r != nil {
+		c.CriticalReserve = *r
+		if *r == 0 {
+			c.CriticalReserve = -1 // Config's zero is the default
+		}
+	}
+	setD(&c.StandardMaxWait, a.StandardMaxWait)
+	setD(&c.CriticalMaxWait, a.CriticalMaxWait)
+	setD(&c.RetryAfter, a.RetryAfter)
+	setF(&t.Queue, a.QueueThreshold)
+	setF(&t.KVCache, a.KVCacheThreshold)
+	setD(&t.StaleAfter, a.StaleAfter)
+	return c, t
 }

@@ -251,3 +251,21 @@ func TestParsePromptTypeErrorsFollowTheWinningField(t *testing.T) {
 		t.Fatalf("syntax error inside a badly typed content: %v, want ErrMalformed", err)
 	}
 }
+
+func TestWithModel(t *testing.T) {
+	for _, tc := range []struct{ name, raw, from, to, want string }{
+		{"byte edit", `{"model":"a","prompt":"say \"model\":\"a\""}`, "a", "b", `{"model":"b","prompt":"say \"model\":\"a\""}`},
+		{"spaced", `{"model" : "a", "prompt":"x"}`, "a", "b", `{"model":"b","prompt":"x"}`},
+		{"same", `{"model":"a"}`, "a", "a", `{"model":"a"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := WithModel([]byte(tc.raw), tc.from, tc.to)
+			if err != nil || string(got) != tc.want {
+				t.Fatalf("WithModel = %s, %v; want %s", got, err, tc.want)
+			}
+		})
+	}
+	if _, err := WithModel([]byte(`[1]`), "a", "b"); err == nil {
+		t.Fatal("a body that is not an object was accepted")
+	}
+}

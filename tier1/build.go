@@ -24,7 +24,7 @@ func Schedulers(snap *config.Snapshot, gw *config.Gateway, pool func(scheduler s
 				gw.Metadata.Name, sc.Name, i))
 			continue
 		}
-		s, err := NewScheduler(pool(sc.Name), sc, policy, opts)
+		s, err := NewScheduler(pool(sc.Name), sc, policy, withSchedulerOptions(opts, sc.Options))
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -40,4 +40,34 @@ func Schedulers(snap *config.Snapshot, gw *config.Gateway, pool func(scheduler s
 		return nil, errors.Join(errs...)
 	}
 	return out, nil
+}
+
+// withSchedulerOptions lays a scheduler's configured options over the
+// process's: a field the configuration sets wins.
+func withSchedulerOptions(o Options, c *config.SchedulerOptions) Options {
+	if c == nil {
+		return o
+	}
+	if c.Fallbacks != 0 {
+		o.Fallbacks = c.Fallbacks
+	}
+	if c.MaxMetricsAge != 0 {
+		o.MaxMetricsAge = c.MaxMetricsAge.D()
+	}
+	if c.QueueHalf != 0 {
+		o.QueueHalf = c.QueueHalf
+	}
+	if c.RunningHalf != 0 {
+		o.RunningHalf = c.RunningHalf
+	}
+	if c.QueueSaturation != 0 {
+		o.QueueSaturation = c.QueueSaturation
+	}
+	if c.KVSaturation != 0 {
+		o.KVSaturation = c.KVSaturation
+	}
+	if c.LatencyScale != 0 {
+		o.LatencyScale = c.LatencyScale.D()
+	}
+	return o
 }

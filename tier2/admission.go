@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meridian-router/meridian/config"
@@ -31,11 +32,42 @@ type Admission struct {
 	// Tenants gives fair-queueing weights; set by the router on reload.
 	Tenants func() *priority.Tenants
 
+	// set is Config and Thresholds with the Topology's
+	// spec.routing.admission laid over them (Configure); nil until then.
+	set atomic.Pointer[admissionSettings]
+
 	mu       sync.Mutex
 	gates    map[string]*priority.Gate
 	seen     map[string]uint64 // by model: digests last observed (see observeLocked)
 	claims   *priority.Tenants // counts downgrades (see Band)
 	claimsOf *config.Snapshot
+}
+
+type admissionSettings struct {
+	gate priority.Config
+	th   priority.Thresholds
+}
+
+// settings are the Gate configuration and thresholds in force.
+func (a *Admission) settings() admissionSettings {
+	if s := a.set.Load(); s != nil {
+		return *s
+	}
+	return admissionSettings{a.Config, a.Thresholds}
+}
+
+// Configure applies the configuration's admission settings (the
+// Topology's spec.routing.admission; nil means none) over Config and
+// Thresholds, live: every Gate takes the new bounds and waits for the
+// requests that arrive from now on.
+func (a *Admission) Configure(c *config.Admission) {
+	gc, th := priority.Overlay(a.Config, a.Thresholds, c)
+	a.set.Store(&admissionSettings{gc, th})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, g := range a.gates {
+		g.SetConfig(gc)
+	}
 }
 
 // Band returns the band a tenant's request gets under snap's tenant
@@ -68,7 +100,7 @@ func (a *Admission) gate(model string) *priority.Gate {
 		if a.Tenants != nil {
 			g.Tenants = a.Tenants()
 		}
-		g.SetConfig(a.Config)
+		g.SetConfig(a.settings().gate)
 		a.gates[model] = g
 		a.observeLocked(model, g)
 	}
@@ -133,7 +165,7 @@ func (a *Admission) saturationVersion(model, region string, local bool) (priorit
 }
 
 func (a *Admission) thresholds() priority.Thresholds {
-	th, d := a.Thresholds, priority.DefaultThresholds()
+	th, d := a.settings().th, priority.DefaultThresholds()
 	if th.Queue <= 0 {
 		th.Queue = d.Queue
 	}
@@ -168,7 +200,7 @@ func (a *Admission) limit(b priority.Band) float64 {
 	if b == priority.Critical {
 		return 1
 	}
-	r := a.Config.CriticalReserve
+	r := a.settings().gate.CriticalReserve
 	switch {
 	case r == 0:
 		r = priority.DefaultConfig().CriticalReserve

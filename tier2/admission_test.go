@@ -85,7 +85,7 @@ func TestAdmission(t *testing.T) {
 		pools []pool
 		want  want
 	}{
-		{"home has headroom", []pool{{"home", "h1", 0.5, 4, 0}, {"away", "a1", 0.1, 4, 0}},
+		{"home has headroom", []pool{{"home", "h1", 0.3, 4, 0}, {"away", "a1", 0.1, 4, 0}},
 			want{"admitted", "admitted", "admitted"}},
 		{"home saturated, away has headroom: spill", []pool{{"home", "h1", 1.2, 4, 0}, {"away", "a1", 0.3, 4, 0}},
 			want{"spill", "spill", "saturated"}},
@@ -138,10 +138,11 @@ func TestAdmissionWithoutShippedSaturation(t *testing.T) {
 // it admitted since that digest was produced.
 func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		// One pod: five requests fill it; Standard stops at 4.5.
+		// One pod: five requests fill it; Standard stops at 2.75 (the
+		// default Critical reserve is 0.45), so three get in.
 		a, _ := admissionOver(t, pool{"home", "h1", 0, 1, 0})
 		ctx := context.Background()
-		for range 5 {
+		for range 3 {
 			if _, _, err := a.Admit(ctx, "m", priority.Request{Tenant: "t", Band: priority.Standard}); err != nil {
 				t.Fatal(err)
 			}
@@ -152,7 +153,7 @@ func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 		}
 		a.mu.Unlock()
 		if got := outcome(t, a, priority.Standard); got != "waits" {
-			t.Fatalf("sixth Standard request after re-observing the same digest: %s; want waits", got)
+			t.Fatalf("fourth Standard request after re-observing the same digest: %s; want waits", got)
 		}
 		// A newer digest replaces the Gate's count.
 		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 1, TotalPods: 1,
@@ -198,4 +199,29 @@ func TestAdmissionBandCountsDowngrades(t *testing.T) {
 	if b := a.Band(next, "intruder", priority.Critical); b != priority.Critical {
 		t.Errorf("intruder after reload: %s", b)
 	}
+}
+
+// Configure applies the Topology's spec.routing.admission live: with no
+// Critical reserve, Standard is admitted at a home saturation of 0.7 that
+// the default reserve (0.45) holds for Critical; with a queue threshold of
+// 10 the same digest counts as half as full.
+func TestAdmissionConfigureLive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _ := admissionOver(t, pool{"home", "h1", 0.7, 4, 0}, pool{"away", "a1", 1.5, 4, 0})
+		if got := outcome(t, a, priority.Standard); got != "waits" {
+			t.Fatalf("Standard at 0.7 with the default reserve: %s; want waits", got)
+		}
+		none := 0.0
+		a.Configure(&config.Admission{CriticalReserve: &none})
+		if got := outcome(t, a, priority.Standard); got != "admitted" {
+			t.Fatalf("Standard at 0.7 with no reserve: %s; want admitted", got)
+		}
+		if got := outcome(t, a, priority.Sheddable); got != "admitted" {
+			t.Fatalf("Sheddable at 0.7 with no reserve: %s; want admitted", got)
+		}
+		a.Configure(nil) // back to the defaults
+		if got := outcome(t, a, priority.Standard); got != "waits" {
+			t.Fatalf("Standard after the settings were removed: %s; want waits", got)
+		}
+	})
 }

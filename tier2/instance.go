@@ -143,6 +143,7 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 		return nil, err
 	}
 	in.adm = &Admission{Region: cfg.Region, Fleet: fleet, Metrics: pm}
+	in.adm.Configure(routingAdmission(snap))
 	in.Router, err = NewRouter(Config{
 		Region: cfg.Region, Fleet: fleet, Auth: auth, InsecureNoAuth: cfg.InsecureNoAuth,
 		Limiter: in.Limiter, Priority: in.adm, Transport: cfg.Transport, Logger: cfg.Logger, Metrics: in.metrics,
@@ -157,6 +158,14 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 		return nil, err
 	}
 	return in, nil
+}
+
+// routingAdmission is the Topology's spec.routing.admission, or nil.
+func routingAdmission(s *config.Snapshot) *config.Admission {
+	if s.Topology == nil || s.Topology.Spec.Routing == nil {
+		return nil
+	}
+	return s.Topology.Spec.Routing.Admission
 }
 
 // gossipTransport is memberlist's transport.
@@ -175,6 +184,15 @@ func (in *Instance) fleetConfig(snap *config.Snapshot) regions.Config {
 		c.LoadFactor = r.LoadFactor
 		for _, rtt := range r.RTTs {
 			c.RTTs = append(c.RTTs, regions.RegionRTT{A: rtt.A, B: rtt.B, RTT: rtt.RTT.D()})
+		}
+		c.DigestMaxAge = r.DigestMaxAge.D()
+		if rb := r.RetryBudget; rb != nil {
+			c.Retry = regions.RetryConfig{Ratio: rb.Ratio, Window: rb.Window.D(), MinRetries: rb.MinRetries}
+		}
+		if o := r.OutlierDetection; o != nil {
+			c.Outlier = regions.OutlierConfig{ConsecutiveFailures: o.ConsecutiveFailures, FailureRate: o.FailureRate,
+				MinRequests: o.MinRequests, Interval: o.Interval.D(), BaseEjection: o.BaseEjection.D(), MaxEjection: o.MaxEjection.D(),
+				EjectionMemory: o.EjectionMemory.D(), ReadmitShare: o.ReadmitShare, ReadmitStep: o.ReadmitStep.D()}
 		}
 	}
 	return c
@@ -285,6 +303,7 @@ func (in *Instance) apply(ctx context.Context, s *config.Snapshot) {
 		in.log.Error("tier2: configuration not applied", "revision", s.Revision, "error", err)
 		return
 	}
+	in.adm.Configure(routingAdmission(s))
 	in.subscribe(ctx, s)
 	in.log.Info("tier2: configuration applied", "revision", s.Revision)
 }

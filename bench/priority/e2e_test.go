@@ -167,6 +167,8 @@ spec:
     clusters: [{name: c-home, tier1: "http://%s", health: %q}]
   - name: away
     clusters: [{name: c-away, tier1: "http://%s", health: %q}]
+  routing:
+    admission: {criticalReserve: 0.1}
 `, t1ln["home"].Addr(), hln["home"].Addr().String(), t1ln["away"].Addr(), hln["away"].Addr().String())
 	for _, r := range []string{"home", "away"} {
 		pod := homePods[0]
@@ -190,6 +192,9 @@ spec:
   - name: m
     modelName: m
     modelSelector: {matchLabels: {pool: m}}
+    # A small reserve, so that Standard alone saturates the one pod and
+    # the spill to the other Region shows (the default is 0.45).
+    admission: {criticalReserve: 0.1}
 ---
 apiVersion: meridian.dev/v1alpha1
 kind: StaticEndpoints
@@ -306,7 +311,8 @@ func (p *platform) overload(t testing.TB) (heal func() []reply) {
 		go func() { replies <- post(home.url, map[string]string{"x-meridian-tenant": "docs"}) }()
 	}
 	// One pod at 5 waiting requests is saturated (1.0); Standard stops at
-	// 0.9, so the Gate lets about five in and queues the rest.
+	// 0.9 (the configured Critical reserve is 0.1), so the Gate lets about
+	// five in and queues the rest.
 	var last string
 	defer func() {
 		if t.Failed() {

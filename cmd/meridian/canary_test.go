@@ -44,6 +44,7 @@ func canaryPlatform(t *testing.T) (*Platform, *configtest.Etcd) {
 kind: Topology
 metadata: {name: t}
 spec:
+  routing: {admission: {criticalReserve: 0.1}}
   regions:
   - name: us-east-1
     tier2: [%q]
@@ -68,7 +69,9 @@ spec:
       audiences: [meridian]
       jwksURL: https://auth.example.com/jwks.json
   schedulers:
-  - {name: %[4]s, modelName: %[3]s, modelSelector: {matchLabels: {pool: %[4]s}}}
+  # One pod per pool: a small Critical reserve keeps the test's load on
+  # the pod instead of queued in the Gate (the default reserve is 0.45).
+  - {name: %[4]s, modelName: %[3]s, modelSelector: {matchLabels: {pool: %[4]s}}, admission: {criticalReserve: 0.1}}
 ---
 apiVersion: meridian.dev/v1alpha1
 kind: StaticEndpoints

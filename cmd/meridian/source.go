@@ -31,6 +31,9 @@ type sourceFlags struct {
 	// static, when set, is served as is (configuration embedded in the
 	// binary, for meridian up).
 	static *config.Snapshot
+	// rewrite, when set, edits the directory's documents on every load
+	// (meridian up's moved ports).
+	rewrite func([]config.Document) []config.Document
 }
 
 func (f *sourceFlags) register(cmd *cobra.Command) {
@@ -102,7 +105,7 @@ func (f *sourceFlags) open(ctx context.Context, reg prometheus.Registerer, log *
 	case f.dir != "" && len(f.endpoints) > 0:
 		return nil, &exitError{2, errors.New("set either --config or --etcd, not both")}
 	case f.dir != "":
-		src := &config.DirSource{Dir: f.dir, Logger: log, OnReload: onReload, Check: f.check}
+		src := &config.DirSource{Dir: f.dir, Logger: log, OnReload: onReload, Check: f.check, Rewrite: f.rewrite}
 		if err := src.Start(); err != nil {
 			return nil, err
 		}

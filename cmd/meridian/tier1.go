@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
 
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/discovery"
@@ -129,6 +130,9 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 	switch f.discovery {
 	case "static", "":
 	case "kubernetes":
+		// client-go logs through klog; route it into this process's slog
+		// so that its lines are structured like ours, not bare stderr.
+		klog.SetSlogLogger(log.With("component", "client-go"))
 		if kube, err = discovery.NewKubernetes(f.kubeconfig, f.namespace); err != nil {
 			src.close()
 			return nil, fmt.Errorf("tier1: kubernetes discovery: %w", err)

@@ -42,6 +42,7 @@ type upFlags struct {
 	timeScale  float64
 	crossDelay time.Duration
 	tenant     string
+	ports      string
 	targets    string
 	verbose    bool
 	etcd       []string
@@ -57,7 +58,7 @@ func newUpCmd() *cobra.Command {
 			"in the binary): every Region's Tier-2, every cluster's Tier-1 and simulated model-server pods\n" +
 			"of mixed GPU generations. Cross-Region hops get an injected delay so Region proximity is real.\n" +
 			"It prints the endpoint, a development token and a sample request. Ctrl-C stops everything.",
-		Example: "  meridian up\n  meridian up --listen 127.0.0.1:9000 --config deploy/examples/platform",
+		Example: "  meridian up\n  meridian up --ports auto --tenant research\n  meridian up --listen 127.0.0.1:9000 --config deploy/examples/platform",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			level := slog.LevelWarn
@@ -73,6 +74,7 @@ func newUpCmd() *cobra.Command {
 	cmd.Flags().Float64Var(&f.timeScale, "time-scale", 10, "simulated model seconds per wall-clock second")
 	cmd.Flags().DurationVar(&f.crossDelay, "cross-region-delay", 40*time.Millisecond, "one-way delay injected on cross-Region hops")
 	cmd.Flags().StringVar(&f.tenant, "tenant", "support-team", "tenant of the printed development token")
+	cmd.Flags().StringVar(&f.ports, "ports", portsConfig, "listen ports: config (the configuration's, moving any that is taken to a free one) or auto (free ports for everything)")
 	cmd.Flags().StringVar(&f.targets, "prometheus-targets", "", "write a Prometheus file_sd JSON of every metrics endpoint to this file")
 	cmd.Flags().BoolVarP(&f.verbose, "verbose", "v", false, "log at info level")
 	cmd.Flags().StringSliceVar(&f.etcd, "etcd", nil, "serve the configuration from etcd (seeded with --config or the example when the prefix is empty), so `meridian canary --etcd` can change it")
@@ -87,7 +89,11 @@ type Platform struct {
 	Token     string
 	Pods      []*sim.LivePod
 	Metrics   []MetricsTarget
-	run       func(ctx context.Context) error
+	// Tier1 maps each cluster to its Tier-1 proxy's address.
+	Tier1 map[string]string
+	// Moved lists the listeners that did not get their configured port.
+	Moved []portMove
+	run   func(ctx context.Context) error
 
 	mu    sync.Mutex
 	stops map[string]context.CancelFunc // component → stop, once running
@@ -118,28 +124,60 @@ type MetricsTarget struct {
 	Labels map[string]string
 }
 
-func loadUpConfig(ctx context.Context, f upFlags) (*config.Snapshot, sourceFlags, error) {
+// loadUpConfig reads the platform's configuration and moves the listeners
+// whose ports are taken (all of them with --ports auto) to free ports, in
+// the configuration every component reads, so that Tier-2 reaches the
+// Tier-1s and the Tier-1s their pods where they really listen.
+func loadUpConfig(ctx context.Context, f upFlags) (*config.Snapshot, sourceFlags, []portMove, error) {
 	if len(f.etcd) > 0 {
 		return etcdUpConfig(ctx, f)
 	}
+	var (
+		docs []config.Document
+		err  error
+		src  sourceFlags
+	)
 	if f.dir != "" {
-		s, err := config.LoadDir(f.dir)
-		return s, sourceFlags{dir: f.dir}, err
+		docs, _, err = config.ReadDir(f.dir)
+		src.dir = f.dir
+	} else {
+		docs, err = config.ReadFS(examples.Platform(), "embedded:deploy/examples/platform")
 	}
-	docs, err := config.ReadFS(examples.Platform(), "embedded:deploy/examples/platform")
 	if err != nil {
-		return nil, sourceFlags{}, err
+		return nil, sourceFlags{}, nil, err
 	}
 	s, err := config.Build(docs, 1)
-	return s, sourceFlags{static: s}, err
+	if err != nil {
+		return nil, sourceFlags{}, nil, err
+	}
+	if s.Topology == nil || len(s.Topology.Spec.Regions) == 0 {
+		return nil, sourceFlags{}, nil, errNoTopology
+	}
+	moves, err := planPorts(s, f.listen, f.ports)
+	if err != nil {
+		return nil, sourceFlags{}, nil, err
+	}
+	if len(moves) > 0 {
+		if s, err = config.Build(moveDocs(docs, moves), 1); err != nil {
+			return nil, sourceFlags{}, nil, err
+		}
+		if f.dir != "" {
+			src.rewrite = func(d []config.Document) []config.Document { return moveDocs(d, moves) }
+		}
+	}
+	if f.dir == "" {
+		src.static = s
+	}
+	return s, src, moves, nil
 }
 
 // etcdUpConfig serves the platform from etcd. An empty prefix is seeded
-// first with --config or the embedded example.
-func etcdUpConfig(ctx context.Context, f upFlags) (*config.Snapshot, sourceFlags, error) {
+// first with --config or the embedded example; moved ports are written
+// back to the stored Topology and StaticEndpoints.
+func etcdUpConfig(ctx context.Context, f upFlags) (*config.Snapshot, sourceFlags, []portMove, error) {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: f.etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
-		return nil, sourceFlags{}, fmt.Errorf("up: etcd: %w", err)
+		return nil, sourceFlags{}, nil, fmt.Errorf("up: etcd: %w", err)
 	}
 	defer cli.Close()
 	store := &config.Store{Client: cli, Prefix: f.prefix}
@@ -163,10 +201,41 @@ func etcdUpConfig(ctx context.Context, f upFlags) (*config.Snapshot, sourceFlags
 		}
 	}
 	if err != nil {
-		return nil, sourceFlags{}, fmt.Errorf("up: %w", err)
+		return nil, sourceFlags{}, nil, fmt.Errorf("up: %w", err)
+	}
+	if snap.Topology == nil || len(snap.Topology.Spec.Regions) == 0 {
+		return nil, sourceFlags{}, nil, errNoTopology
+	}
+	moves, err := planPorts(snap, f.listen, f.ports)
+	if err != nil {
+		return nil, sourceFlags{}, nil, err
+	}
+	if len(moves) > 0 {
+		var docs []config.Document
+		for _, k := range snap.Keys() {
+			if k.Kind != config.KindTopology && k.Kind != config.KindStaticEndpoints {
+				continue
+			}
+			o := snap.Objects[k]
+			ds, errs := config.Decode(o.Origin, o.JSON)
+			if err := errs.Err(); err != nil {
+				return nil, sourceFlags{}, nil, fmt.Errorf("up: %w", err)
+			}
+			docs = append(docs, ds...)
+		}
+		plan, err := store.PlanApply(ctx, moveDocs(docs, moves), nil)
+		if err == nil {
+			_, err = store.Commit(ctx, plan)
+		}
+		if err == nil {
+			snap, err = store.Load(ctx)
+		}
+		if err != nil {
+			return nil, sourceFlags{}, nil, fmt.Errorf("up: storing the moved ports: %w", err)
+		}
 	}
 	cache := filepath.Join(os.TempDir(), fmt.Sprintf("meridian-up-%d.json", os.Getpid()))
-	return snap, sourceFlags{endpoints: f.etcd, prefix: f.prefix, cache: cache}, nil
+	return snap, sourceFlags{endpoints: f.etcd, prefix: f.prefix, cache: cache}, moves, nil
 }
 
 // forComponent gives each component of the local platform its own
@@ -179,14 +248,12 @@ func (f sourceFlags) forComponent(name string) sourceFlags {
 }
 
 func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error) {
-	snap, src, err := loadUpConfig(ctx, f)
+	snap, src, moves, err := loadUpConfig(ctx, f)
 	if err != nil {
 		return nil, err
 	}
-	if snap.Topology == nil || len(snap.Topology.Spec.Regions) == 0 {
-		return nil, fmt.Errorf("up: the configuration has no Topology")
-	}
-	p := &Platform{Endpoints: map[string]string{}, stops: map[string]context.CancelFunc{}, fleets: map[string]*regions.Fleet{}}
+	p := &Platform{Endpoints: map[string]string{}, stops: map[string]context.CancelFunc{}, fleets: map[string]*regions.Fleet{},
+		Moved: moves, Tier1: map[string]string{}}
 	type component struct {
 		name string
 		run  func(ctx context.Context) error
@@ -234,6 +301,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 				return nil, fmt.Errorf("up: cluster %s: %w", c.Name, err)
 			}
 			runs = append(runs, component{"tier1/" + c.Name, t1.run})
+			p.Tier1[c.Name] = t1.servers[0].Addr()
 			p.Metrics = append(p.Metrics, MetricsTarget{Addr: t1.servers[1].Addr(), Labels: map[string]string{
 				"job": "meridian-tier1", "cluster": c.Name, "region": r.Name}})
 		}
@@ -411,17 +479,30 @@ func runUp(ctx context.Context, f upFlags, out io.Writer, log *slog.Logger) erro
 			return err
 		}
 	}
+	printUp(out, f, p)
+	return p.run(ctx)
+}
+
+// printUp tells the operator where the platform listens and how to call it.
+func printUp(out io.Writer, f upFlags, p *Platform) {
 	regionsList := p.Regions
 	first := p.Endpoints[regionsList[0]]
 	fmt.Fprintf(out, "Meridian is up: %d Regions, %d simulated pods.\n", len(p.Endpoints), len(p.Pods))
 	for _, r := range regionsList {
 		fmt.Fprintf(out, "  %-10s %s\n", r, p.Endpoints[r])
 	}
+	for _, c := range sortedKeysOf(p.Tier1) {
+		fmt.Fprintf(out, "  tier1 %-14s http://%s\n", c, p.Tier1[c])
+	}
+	for _, m := range sortedMoves(p.Moved) {
+		fmt.Fprintf(out, "  moved %-20s %s → %s (port taken or --ports auto)\n", m.What, m.From, m.To)
+	}
+	fmt.Fprintf(out, "metrics: %d endpoints on free ports (--prometheus-targets writes them); gossip: in-process loopback network\n", len(p.Metrics))
 	fmt.Fprintf(out, "endpoint: %s\n", first)
+	fmt.Fprintf(out, "tenant: %s (the token's tenant; another with --tenant)\n", f.tenant)
 	fmt.Fprintf(out, "token: %s\n", p.Token)
 	fmt.Fprintf(out, "\nTry:\n  curl -s %s/v1/chat/completions \\\n    -H \"Authorization: Bearer %s\" \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"support-agent\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", first, p.Token)
 	fmt.Fprintf(out, "\nModels:\n  curl -s %s/v1/models -H \"Authorization: Bearer %s\"\n\nCtrl-C stops everything.\n", first, p.Token)
-	return p.run(ctx)
 }
 
 func writeTargets(path string, ts []MetricsTarget) error {
@@ -438,4 +519,13 @@ func writeTargets(path string, ts []MetricsTarget) error {
 		return err
 	}
 	return os.WriteFile(path, b, 0o644)
+}
+
+func sortedKeysOf[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }

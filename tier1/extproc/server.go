@@ -390,6 +390,13 @@ func (f *flow) route(eos bool) error {
 		return f.immediate(apiError(err))
 	}
 	f.dispatch(d)
+	if d.Rewrite != "" && f.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		// Streamed: Envoy forwards the body we send back, so the model
+		// rewrite is a body edit. (Buffered mode forwards Envoy's copy.)
+		if raw, err = request.WithModel(raw, body.Model, d.Rewrite); err != nil {
+			return f.immediate(request.BadRequest("invalid_body", err.Error()))
+		}
+	}
 	dest, md := destination(d.Endpoints)
 	common := &extprocv3.CommonResponse{HeaderMutation: dest, ClearRouteCache: true}
 	if f.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {

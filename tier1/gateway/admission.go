@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/request"
 )
@@ -23,7 +24,7 @@ type Admission struct {
 	// Gate applies to every pool's Gate: queue bounds in requests and
 	// bytes, maximum waits, the Critical reserve and Retry-After. The zero
 	// Config is priority's defaults (1,000 requests, 256 MiB, 10 s for
-	// Standard, 30 s for Critical, reserve 0.1, Retry-After 1 s).
+	// Standard, 30 s for Critical, reserve 0.45, Retry-After 1 s).
 	Gate priority.Config
 	// Thresholds turn pod metrics into a pool's saturation. Zero fields
 	// take priority.DefaultThresholds: 5 waiting requests per pod, KV use
@@ -58,7 +59,7 @@ func (g *Gateway) Band(h http.Header) (tenant string, band priority.Band, err er
 	if v := h.Get(HeaderBand); v != "" {
 		claim, err = priority.ParseBand(v)
 	} else {
-		claim, err = priority.ParseObjective(h.Get(HeaderObjective), g.cfg.Admission.Objectives)
+		claim, err = priority.ParseObjective(h.Get(HeaderObjective), g.table.Load().objectives)
 	}
 	if err != nil {
 		return tenant, priority.Standard, request.BadRequest("bad_priority", err.Error())
@@ -165,8 +166,35 @@ func (g *Gateway) observeLoop(ctx context.Context) {
 func (g *Gateway) ObservePools() {
 	now := g.cfg.Now()
 	for _, v := range g.Pools() {
-		v.state.gate.Observe(v.Saturation(now, g.cfg.Admission.Thresholds))
+		v.state.gate.Observe(v.Saturation(now, v.Thresholds()))
 	}
+}
+
+// Thresholds are the pool's saturation thresholds in force.
+func (v PoolView) Thresholds() priority.Thresholds {
+	if v.state != nil {
+		if th := v.state.thresholds.Load(); th != nil {
+			return *th
+		}
+	}
+	return priority.Thresholds{}
+}
+
+// forPool is a's Gate configuration and thresholds with a pool's
+// admission settings laid over them: a field the configuration sets wins.
+func (a Admission) forPool(c *config.Admission) (priority.Config, priority.Thresholds) {
+	return priority.Overlay(a.Gate, a.Thresholds, c)
+}
+
+// objectives are the configuration's InferenceObjectives over a's.
+func (a Admission) objectives(snap *config.Snapshot) map[string]int {
+	out := snap.ObjectivePriorities()
+	for name, p := range a.Objectives {
+		if _, ok := out[name]; !ok {
+			out[name] = p
+		}
+	}
+	return out
 }
 
 // Saturation is the pool's saturation at now under th

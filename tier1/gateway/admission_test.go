@@ -207,9 +207,10 @@ func TestRouteLateBinding(t *testing.T) {
 			t.Fatalf("%v decisions before release", got)
 		}
 
-		// Pod a fills up, pod b drains: headroom (mean 0.8), and b is best.
+		// Pod a stays, pod b drains: headroom for Standard (mean 0.4,
+		// below 1 − the 0.45 reserve), and b is best.
 		time.Sleep(50 * time.Millisecond)
-		load(gw, eps, map[string]int{"a": 8, "b": 0})
+		load(gw, eps, map[string]int{"a": 4, "b": 0})
 		synctest.Wait()
 		r := <-done
 		if r.err != nil {
@@ -272,9 +273,9 @@ func TestRouteShedAndTimeout(t *testing.T) {
 // by the Gate's own count of what it let in, each Release lets one in.
 func TestReleaseLetsTheNextIn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		gw, eps, _ := newGateway(t, gateway.Config{}, "")
+		gw, eps, _ := newGateway(t, gateway.Config{Admission: gateway.Admission{Gate: priority.Config{CriticalReserve: 0.1}}}, "")
 		load(gw, eps, map[string]int{"a": 0, "b": 0})
-		// Two pods × 5 × 0.9: nine requests fill the Standard budget.
+		// Two pods × 5 × (1 − 0.1): nine requests fill the Standard budget.
 		var held []*gateway.Decision
 		for range 9 {
 			d, err := gw.Route(context.Background(), body, gateway.Meta{})

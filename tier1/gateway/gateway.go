@@ -115,6 +115,9 @@ type table struct {
 	adapters map[string]string // adapter → base model (BBR and loraAdapters)
 	bbr      bool
 	models   []string // every model name and adapter served, sorted
+	// objectives map InferenceObjective names to priorities: the
+	// configuration's over Config.Admission.Objectives.
+	objectives map[string]int
 }
 
 type route struct {
@@ -130,6 +133,10 @@ type poolState struct {
 	pool     *tier1.Pool
 	stats    *poolStats
 	gate     *priority.Gate // admission by band
+	// thresholds turn the pool's pod metrics into its saturation: the
+	// scheduler's admission settings over Config.Admission's, swapped on
+	// every Apply.
+	thresholds atomic.Pointer[priority.Thresholds]
 	// pending counts requests admitted and not yet sent to a pod: no
 	// endpoint's in-flight count shows them yet.
 	pending atomic.Int64
@@ -226,7 +233,6 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 		}
 		ps := &poolState{name: name, pool: tier1.NewPool(), stats: newPoolStats(), scrapers: map[string]*scraper{},
 			gate: &priority.Gate{Pool: name, Tenants: g.tenants, Metrics: g.prio}}
-		ps.gate.SetConfig(g.cfg.Admission.Gate)
 		created[name] = ps
 		return ps.pool
 	}
@@ -238,7 +244,8 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 	if _, err := priority.NewTenants(snap.Tenants, nil); err != nil {
 		return fmt.Errorf("tier1: %w", err)
 	}
-	t := &table{snap: snap, gateway: gw, byModel: map[string]*route{}, adapters: map[string]string{}, bbr: gw.Spec.BBR.Enabled}
+	t := &table{snap: snap, gateway: gw, byModel: map[string]*route{}, adapters: map[string]string{}, bbr: gw.Spec.BBR.Enabled,
+		objectives: g.cfg.Admission.objectives(snap)}
 	keep := map[string]bool{}
 	for _, sc := range gw.Spec.Schedulers {
 		s := scheds[sc.ModelName]
@@ -248,6 +255,11 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 			g.pools[sc.Name] = ps
 		}
 		ps.model, ps.adapters = sc.ModelName, slices.Clone(sc.LoraAdapters)
+		// New bounds and waits apply to arrivals from now on; admitted
+		// requests keep their tickets.
+		gc, th := g.cfg.Admission.forPool(sc.Admission)
+		ps.gate.SetConfig(gc)
+		ps.thresholds.Store(&th)
 		t.byModel[sc.ModelName] = &route{sched: s, state: ps}
 		keep[sc.Name] = true
 		for _, a := range sc.LoraAdapters {
@@ -379,9 +391,13 @@ type Decision struct {
 	// Model is the model the caller named; Target the base model whose pool
 	// serves it; Adapter the LoRA adapter, if any.
 	Model, Target, Adapter string
-	Pool                   string
-	Endpoints              []*tier1.Endpoint
-	Request                tier1.Request
+	// Rewrite is the model name the body must carry upstream when the
+	// caller sent x-gateway-model-name-rewrite (GIE's model rewrite);
+	// empty means forward the body's model unchanged.
+	Rewrite   string
+	Pool      string
+	Endpoints []*tier1.Endpoint
+	Request   tier1.Request
 
 	sched   *tier1.Scheduler
 	state   *poolState
@@ -422,6 +438,12 @@ func (g *Gateway) resolve(body *request.Body, meta Meta) (r *route, target, adap
 	if h := meta.Header.Get(HeaderModelName); h != "" {
 		model = h
 	}
+	// GIE's x-gateway-model-name-rewrite: the request is for this model
+	// (scheduled on its pool, and the body's "model" rewritten to it
+	// before it reaches the server; see Decision.Rewrite).
+	if h := meta.Header.Get(HeaderModelRewrite); h != "" {
+		model = h
+	}
 	target, adapter = model, ""
 	if base := meta.Header.Get(HeaderBaseModelName); base != "" && base != model {
 		target, adapter = base, model
@@ -443,6 +465,9 @@ func (g *Gateway) resolve(body *request.Body, meta Meta) (r *route, target, adap
 func (g *Gateway) decide(r *route, body *request.Body, meta Meta, target, adapter string) (*Decision, error) {
 	start := g.cfg.Now()
 	d := &Decision{Model: body.Model, Target: target, Adapter: adapter, Pool: r.state.name, sched: r.sched, state: r.state, start: start}
+	if rw := meta.Header.Get(HeaderModelRewrite); rw != "" && rw != body.Model {
+		d.Rewrite = rw
+	}
 	d.Request.Model, d.Request.Adapter = target, adapter
 	d.Request.Tenant = meta.Header.Get(HeaderTenant)
 	if d.Request.Tenant == "" {

@@ -329,6 +329,18 @@ func (p *Publisher) podPrefixLocked(v gateway.PoolView, now time.Time) float64 {
 // so 1 is every pod idle, 0 every pod full, stale or unready: a pool with
 // half its pods down has at most 0.5.
 func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDigest {
+	// The pool's configured thresholds (spec.schedulers[].admission) win,
+	// so the digest ships the saturation the pool's Gate sees.
+	pth := v.Thresholds()
+	if pth.Queue > 0 {
+		cfg.Thresholds.Queue = pth.Queue
+	}
+	if pth.KVCache > 0 {
+		cfg.Thresholds.KVCache = pth.KVCache
+	}
+	if pth.StaleAfter > 0 {
+		cfg.Thresholds.StaleAfter = pth.StaleAfter
+	}
 	cfg = cfg.withDefaults()
 	th := cfg.Thresholds
 	pd := &tier1v1.PoolDigest{Pool: v.Name, Model: v.Model, Adapters: v.Adapters, ProducedUnixNano: now.UnixNano()}

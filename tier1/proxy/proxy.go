@@ -131,6 +131,12 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer d.Release()
+	if d.Rewrite != "" {
+		if raw, err = request.WithModel(raw, body.Model, d.Rewrite); err != nil {
+			request.BadRequest("invalid_body", err.Error()).Write(w)
+			return
+		}
+	}
 	for i, ep := range d.Endpoints {
 		last := i == len(d.Endpoints)-1
 		done, retry := p.try(w, r, raw, d, i, last)

@@ -399,3 +399,34 @@ func TestAdaptersRegisteredOnSomePods(t *testing.T) {
 		send(t, 20)
 	})
 }
+
+// TestModelNameRewrite: x-gateway-model-name-rewrite names the model the
+// request is for, as in GIE: it is scheduled on that model's pool and the
+// body reaches the server with the rewritten "model" (the simulator
+// answers 404 for a model it does not serve, and echoes the one it got).
+func TestModelNameRewrite(t *testing.T) {
+	p := newPlatform(t, "{queue: 2, kvCache: 2, prefix: 3}")
+	for _, tc := range []struct{ to, pool string }{{"chat-model", "chat"}, {"adapter-b", "lora"}} {
+		t.Run(tc.to, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, p.srv.URL+"/v1/chat/completions", strings.NewReader(chat("public-alias", "hello", false)))
+			req.Header.Set(gateway.HeaderModelRewrite, tc.to)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"model":"`+tc.to+`"`) {
+				t.Fatalf("status %d: %s", resp.StatusCode, b)
+			}
+			served := resp.Header.Get(gateway.HeaderServed)
+			found := false
+			for _, lp := range p.pods[tc.pool] {
+				found = found || lp.Addr() == served
+			}
+			if !found {
+				t.Fatalf("served by %q, not a %s pod", served, tc.pool)
+			}
+		})
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -90,6 +91,11 @@ type Node struct {
 
 	rttMu sync.Mutex
 	rtt   map[string]time.Duration
+	// members are copies of memberlist's live and suspected nodes, taken
+	// in its join/update/leave callbacks (which run under its lock):
+	// the *memberlist.Node values Memberlist.Members returns are its own,
+	// rewritten by its packet handler while we would read them.
+	members map[string]Member // guarded by rttMu
 
 	failMu sync.Mutex
 	failed map[string]failedMember
@@ -116,11 +122,12 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg:    cfg,
-		latest: make(map[string]uint64),
-		rtt:    make(map[string]time.Duration),
-		failed: make(map[string]failedMember),
-		stop:   make(chan struct{}),
+		cfg:     cfg,
+		latest:  make(map[string]uint64),
+		rtt:     make(map[string]time.Duration),
+		members: make(map[string]Member),
+		failed:  make(map[string]failedMember),
+		stop:    make(chan struct{}),
 	}
 	n.seen.init(16384)
 	// Sequence numbers start at the wall clock so that a restarted node
@@ -243,15 +250,26 @@ func (n *Node) enqueue(msg []byte, m *broadcastMsg) bool {
 
 // Members returns the live and suspected members, this node included.
 func (n *Node) Members() []Member {
-	nodes := n.ml.Members()
-	out := make([]Member, 0, len(nodes))
 	n.rttMu.Lock()
 	defer n.rttMu.Unlock()
-	for _, nd := range nodes {
-		region, _ := decodeMeta(nd.Meta) // a malformed region reads as unknown
-		out = append(out, Member{Name: nd.Name, Region: region, Addr: nd.Address(), RTT: n.rtt[nd.Name]})
+	out := make([]Member, 0, len(n.members))
+	for name, m := range n.members {
+		m.RTT = n.rtt[name]
+		out = append(out, m)
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// noteMember records a member as memberlist reports it (from its
+// callbacks, under its lock).
+func (n *Node) noteMember(nd *memberlist.Node) Member {
+	region, _ := decodeMeta(nd.Meta) // a malformed region reads as unknown
+	m := Member{Name: nd.Name, Region: region, Addr: nd.Address()}
+	n.rttMu.Lock()
+	n.members[nd.Name] = m
+	n.rttMu.Unlock()
+	return m
 }
 
 // NumMembers returns how many members are alive, this node included.
@@ -425,8 +443,7 @@ func (d *delegate) NotifyJoin(nd *memberlist.Node) {
 	d.n.failMu.Lock()
 	delete(d.n.failed, nd.Name)
 	d.n.failMu.Unlock()
-	region, _ := decodeMeta(nd.Meta)
-	m := Member{Name: nd.Name, Region: region, Addr: nd.Address()}
+	m := d.n.noteMember(nd)
 	for _, ch := range d.n.channels.Load() {
 		if o, ok := ch.(MemberObserver); ok {
 			o.MemberJoined(m)
@@ -438,6 +455,7 @@ func (d *delegate) NotifyLeave(nd *memberlist.Node) {
 	n := d.n
 	n.rttMu.Lock()
 	delete(n.rtt, nd.Name)
+	delete(n.members, nd.Name)
 	n.rttMu.Unlock()
 	// memberlist does not say whether the member failed or left
 	// gracefully (Node.State is not maintained), so both are retried; a
@@ -460,7 +478,7 @@ func (d *delegate) NotifyLeave(nd *memberlist.Node) {
 	}
 }
 
-func (d *delegate) NotifyUpdate(*memberlist.Node) {}
+func (d *delegate) NotifyUpdate(nd *memberlist.Node) { d.n.noteMember(nd) }
 
 func (d *delegate) AckPayload() []byte { return nil }
 

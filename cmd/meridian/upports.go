@@ -1,0 +1,162 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"sort"
+
+	"github.com/meridian-router/meridian/config"
+)
+
+// Port modes of meridian up.
+const (
+	// portsConfig listens where the configuration says, and moves a
+	// listener whose port is taken to a free one.
+	portsConfig = "config"
+	// portsAuto moves every listener to a free port.
+	portsAuto = "auto"
+)
+
+// portMove is one listen address meridian up moved.
+type portMove struct {
+	What     string // "tier2/us-east-1", "tier1/us-east-1a", "health/…", "pod/…"
+	From, To string
+}
+
+// upListeners lists the addresses meridian up listens on, from the
+// configuration: every Region's first Tier-2, every cluster's Tier-1 and
+// health feed, and every simulated pod. Gossip and metrics always take
+// free ports (127.0.0.1:0), so they are not listed.
+func upListeners(s *config.Snapshot, listen string) []portMove {
+	var out []portMove
+	for i, r := range s.Topology.Spec.Regions {
+		switch {
+		case i == 0 && listen != "":
+			// --listen is the operator's choice: used as given.
+		case len(r.Tier2) > 0:
+			out = append(out, portMove{What: "tier2/" + r.Name, From: r.Tier2[0]})
+		}
+		for _, c := range r.Clusters {
+			if u, err := url.Parse(c.Tier1); err == nil && u.Host != "" {
+				out = append(out, portMove{What: "tier1/" + c.Name, From: u.Host})
+			}
+			if c.Health != "" {
+				out = append(out, portMove{What: "health/" + c.Name, From: c.Health})
+			}
+		}
+	}
+	for _, se := range s.StaticEndpoints {
+		for _, ep := range se.Spec.Endpoints {
+			out = append(out, portMove{What: "pod/" + ep.Name, From: ep.Address})
+		}
+	}
+	return out
+}
+
+// planPorts decides where each listener goes: in mode portsAuto every one
+// moves to a free port of the same host; in portsConfig only those whose
+// port cannot be bound now. The free ports are held until all are chosen,
+// so no two listeners get the same one. It returns the moves made.
+func planPorts(s *config.Snapshot, listen, mode string) ([]portMove, error) {
+	switch mode {
+	case "", portsConfig, portsAuto:
+	default:
+		return nil, fmt.Errorf("up: --ports %q: want %s or %s", mode, portsConfig, portsAuto)
+	}
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
+	var moves []portMove
+	seen := map[string]bool{}
+	for _, l := range upListeners(s, listen) {
+		if seen[l.From] {
+			continue // one address named twice is one listener
+		}
+		seen[l.From] = true
+		host, _, err := net.SplitHostPort(l.From)
+		if err != nil {
+			return nil, fmt.Errorf("up: %s: %w", l.What, err)
+		}
+		if mode != portsAuto {
+			ln, err := net.Listen("tcp", l.From)
+			if err == nil {
+				held = append(held, ln) // free: keep it from the next pick
+				continue
+			}
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("up: %s: no free port on %s: %w", l.What, host, err)
+		}
+		held = append(held, ln)
+		l.To = ln.Addr().String()
+		moves = append(moves, l)
+	}
+	return moves, nil
+}
+
+// moveDocs rewrites the Topology and StaticEndpoints documents so that
+// every moved listener's address is its new one, keeping each document's
+// canonical JSON in step.
+func moveDocs(docs []config.Document, moves []portMove) []config.Document {
+	if len(moves) == 0 {
+		return docs
+	}
+	to := make(map[string]string, len(moves))
+	for _, m := range moves {
+		to[m.From] = m.To
+	}
+	addr := func(a string) string {
+		if n, ok := to[a]; ok {
+			return n
+		}
+		return a
+	}
+	for i := range docs {
+		switch v := docs[i].Value.(type) {
+		case *config.Topology:
+			for ri := range v.Spec.Regions {
+				r := &v.Spec.Regions[ri]
+				for j := range r.Tier2 {
+					r.Tier2[j] = addr(r.Tier2[j])
+				}
+				for j := range r.Clusters {
+					c := &r.Clusters[j]
+					if u, err := url.Parse(c.Tier1); err == nil && u.Host != "" {
+						u.Host = addr(u.Host)
+						c.Tier1 = u.String()
+					}
+					if c.Health != "" {
+						c.Health = addr(c.Health)
+					}
+				}
+			}
+		case *config.StaticEndpoints:
+			for j := range v.Spec.Endpoints {
+				v.Spec.Endpoints[j].Address = addr(v.Spec.Endpoints[j].Address)
+			}
+		default:
+			continue
+		}
+		if b, err := json.Marshal(docs[i].Value); err == nil {
+			docs[i].JSON = b
+		}
+	}
+	return docs
+}
+
+// errNoTopology is returned for a configuration meridian up cannot run.
+var errNoTopology = errors.New("up: the configuration has no Topology")
+
+// sortedMoves orders moves for printing.
+func sortedMoves(ms []portMove) []portMove {
+	out := append([]portMove(nil), ms...)
+	sort.Slice(out, func(i, j int) bool { return out[i].What < out[j].What })
+	return out
+}

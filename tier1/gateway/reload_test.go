@@ -1,0 +1,293 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/config/configtest"
+	"github.com/meridian-router/meridian/priority"
+	"github.com/meridian-router/meridian/request"
+	"github.com/meridian-router/meridian/tier1"
+	"github.com/meridian-router/meridian/tier1/gateway"
+)
+
+// reloadYAML is pool "chat" of two pods with the given admission settings
+// (YAML flow mapping, or "" for none), the Critical tenant payments, and
+// extra documents. Admission settings come with scheduler options that
+// turn fallbacks off and hash 16-character prefix blocks.
+func reloadYAML(admission, extra string) string {
+	adm := ""
+	if admission != "" {
+		adm = "\n    admission: " + admission + "\n    options: {fallbacks: -1, prefix: {blockSize: 16}}"
+	}
+	return `apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: c1}
+spec:
+  cluster: c1
+  schedulers:
+  - name: chat
+    modelName: chat-model
+    modelSelector: {matchLabels: {pool: chat}}` + adm + `
+---
+apiVersion: meridian.dev/v1alpha1
+kind: StaticEndpoints
+metadata: {name: pods}
+spec:
+  endpoints:
+  - {name: pod-a, address: "10.0.0.1:8000", labels: {pool: chat}}
+  - {name: pod-b, address: "10.0.0.2:8000", labels: {pool: chat}}
+` + tenantsYAML + extra
+}
+
+const objectivesYAML = `---
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceObjective
+metadata: {name: batch}
+spec: {priority: -1}
+---
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceObjective
+metadata: {name: checkout}
+spec: {priority: 2}
+`
+
+// TestAdmissionReloadsLive changes a pool's admission settings and the
+// InferenceObjectives through the directory source and through etcd while
+// Critical requests flow, and sees each change take effect on the next
+// request: none of the flowing requests fails, and a request admitted
+// before a reload finishes normally after it.
+func TestAdmissionReloadsLive(t *testing.T) {
+	t.Run("directory", func(t *testing.T) {
+		dir := t.TempDir()
+		file := filepath.Join(dir, "platform.yaml")
+		write := func(y string) {
+			if err := os.WriteFile(file, []byte(y), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write(reloadYAML("", ""))
+		src := &config.DirSource{Dir: dir, Logger: quiet}
+		if err := src.Start(); err != nil {
+			t.Fatal(err)
+		}
+		reloadScenario(t, src.Snapshot(), func(y string) (*config.Snapshot, error) {
+			write(y)
+			if err := src.Reload(); err != nil {
+				return nil, err
+			}
+			return src.Snapshot(), nil
+		})
+	})
+	t.Run("etcd", func(t *testing.T) {
+		e := configtest.StartEtcd(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		store := &config.Store{Client: e.Client, Prefix: config.DefaultPrefix}
+		commit := func(y string) (int64, error) {
+			docs, errs := config.Decode("apply.yaml", []byte(y))
+			if err := errs.Err(); err != nil {
+				return 0, err
+			}
+			p, err := store.PlanApply(ctx, docs, nil)
+			if err != nil {
+				return 0, err
+			}
+			return store.Commit(ctx, p)
+		}
+		if _, err := commit(reloadYAML("", "")); err != nil {
+			t.Fatal(err)
+		}
+		src := &config.EtcdSource{Client: e.Client, CacheFile: filepath.Join(t.TempDir(), "lkg.json"), Logger: quiet}
+		if err := src.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		updates := src.Subscribe()
+		go src.Run(ctx)
+		reloadScenario(t, src.Snapshot(), func(y string) (*config.Snapshot, error) {
+			rev, err := commit(y)
+			if err != nil {
+				return nil, err
+			}
+			deadline := time.NewTimer(20 * time.Second)
+			defer deadline.Stop()
+			for {
+				select {
+				case s := <-updates:
+					if s.Revision >= rev {
+						return s, nil
+					}
+				case <-deadline.C:
+					return nil, errors.New("etcd: the write was not published within 20s")
+				}
+			}
+		})
+	})
+}
+
+// reloadScenario runs the changes of TestAdmissionReloadsLive through
+// reload, which writes a configuration to a source and returns the
+// snapshot the source then serves.
+func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml string) (*config.Snapshot, error)) {
+	gw, err := gateway.New(gateway.Config{Cluster: "c1", Logger: quiet, Registerer: prometheus.NewRegistry()}, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := map[string]*tier1.Endpoint{}
+	for _, ep := range gw.Pools()[0].Pool.Endpoints() {
+		eps[endpointName(ep.ID)] = ep
+	}
+	// Two waiting requests on each pod: saturation 0.4 with the default
+	// queue threshold (5), 0.5 with a threshold of 4.
+	load(gw, eps, map[string]int{"a": 2, "b": 2})
+
+	ctx := context.Background()
+	header := func(kv ...string) http.Header {
+		h := http.Header{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			h.Set(kv[i], kv[i+1])
+		}
+		return h
+	}
+	serve := func(d *gateway.Decision) {
+		gw.Dispatch(d, d.Endpoints[0]).Done(http.StatusOK, false)
+		d.Release()
+	}
+	// sheddable asks for a Sheddable request by objective name or
+	// integer and reports whether it was admitted (false: refused 429).
+	sheddable := func(objective string) (*gateway.Decision, bool) {
+		t.Helper()
+		d, err := gw.Route(ctx, body, gateway.Meta{Header: header(gateway.HeaderObjective, objective)})
+		var ae *request.APIError
+		switch {
+		case err == nil:
+			return d, true
+		case errors.As(err, &ae) && ae.Status == http.StatusTooManyRequests:
+			return nil, false
+		}
+		t.Fatalf("objective %q: %v", objective, err)
+		return nil, false
+	}
+	// flow sends Critical requests from four clients until stop closes,
+	// and reports every failure.
+	flow := func(stop <-chan struct{}) (wait func() []error) {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var errs []error
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := 0; ; n++ {
+					select {
+					case <-stop:
+						if n > 0 {
+							return
+						}
+					default:
+					}
+					d, err := gw.Route(ctx, body, gateway.Meta{Header: header(gateway.HeaderTenant, "payments", gateway.HeaderBand, "Critical")})
+					if err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+						continue
+					}
+					serve(d)
+				}
+			}()
+		}
+		return func() []error { wg.Wait(); return errs }
+	}
+	apply := func(y string) {
+		t.Helper()
+		stop := make(chan struct{})
+		wait := flow(stop)
+		s, err := reload(y)
+		if err == nil {
+			err = gw.Apply(s)
+		}
+		close(stop)
+		if errs := wait(); len(errs) > 0 {
+			t.Fatalf("%d requests failed across the reload; first: %v", len(errs), errs[0])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		load(gw, eps, map[string]int{"a": 2, "b": 2}) // the observe loop's next tick
+	}
+
+	// critical routes a Critical request with a 640-character prompt and
+	// reports how many endpoints and prefix blocks its decision had.
+	critical := func() (endpoints, blocks int) {
+		t.Helper()
+		long := &request.Body{Model: "chat-model", Kind: request.Completion, Prompt: strings.Repeat("0123456789", 64)}
+		d, err := gw.Route(ctx, long, gateway.Meta{Header: header(gateway.HeaderTenant, "payments", gateway.HeaderBand, "Critical")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer serve(d)
+		return len(d.Endpoints), len(d.Request.Hashes)
+	}
+	eps0, blocks0 := critical()
+	if eps0 != 2 {
+		t.Fatalf("%d endpoints with the default 2 fallbacks over 2 pods", eps0)
+	}
+
+	// Defaults: reserve 0.45, so Sheddable is admitted below 0.55.
+	held, ok := sheddable("-1")
+	if !ok {
+		t.Fatal("Sheddable refused at saturation 0.4 with the default reserve")
+	}
+	if _, _, err := gw.Band(header(gateway.HeaderObjective, "batch")); err == nil {
+		t.Fatal("objective batch accepted before it is configured")
+	}
+
+	// Queue threshold 4 (saturation 0.5) and reserve 0.6 (Sheddable only
+	// below 0.4), and two objectives.
+	apply(reloadYAML("{queueThreshold: 4, criticalReserve: 0.6, maxQueued: 50}", objectivesYAML))
+	if th := gw.Pools()[0].Thresholds(); th.Queue != 4 {
+		t.Fatalf("thresholds after reload %+v", th)
+	}
+	if eps, blocks := critical(); eps != 1 || blocks <= blocks0 {
+		t.Fatalf("after the reload: %d endpoints (want 1: fallbacks -1), %d prefix blocks (want more than %d: block size 16)", eps, blocks, blocks0)
+	}
+	if _, ok := sheddable("batch"); ok {
+		t.Fatal("Sheddable (objective batch) admitted at saturation 0.5 with reserve 0.6")
+	}
+	// (The tenant may claim Critical; the objective names the band.)
+	if _, band, err := gw.Band(header(gateway.HeaderObjective, "checkout", gateway.HeaderTenant, "payments")); err != nil || band != priority.Critical {
+		t.Fatalf("objective checkout: band %v, %v; want Critical", band, err)
+	}
+	if _, band, _ := gw.Band(header(gateway.HeaderObjective, "batch")); band != priority.Sheddable {
+		t.Fatalf("objective batch: band %v; want Sheddable", band)
+	}
+	// The request admitted before the reload ends normally.
+	serve(held)
+
+	// No reserve: Sheddable is admitted up to saturation 1 again.
+	apply(reloadYAML("{queueThreshold: 4, criticalReserve: 0}", objectivesYAML))
+	d, ok := sheddable("batch")
+	if !ok {
+		t.Fatal("Sheddable refused at saturation 0.5 with no reserve")
+	}
+	serve(d)
+
+	// An invalid change is refused by the source and changes nothing.
+	if _, err := reload(reloadYAML("{queueThreshold: 4, criticalReserve: 0, reserve: 1}", objectivesYAML)); err == nil {
+		t.Fatal("an unknown admission field was accepted")
+	}
+	if th := gw.Pools()[0].Thresholds(); th.Queue != 4 {
+		t.Fatalf("thresholds changed by a refused configuration: %+v", th)
+	}
+}
