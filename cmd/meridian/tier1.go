@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/discovery"
 	"github.com/meridian-router/meridian/tier1/extproc"
@@ -40,6 +41,7 @@ type tier1Flags struct {
 	namespace      string
 	extproc        string   // ext_proc picker address (empty: off)
 	peers          []string // other replicas' --health addresses
+	identityKey    string   // file of the key Tier-2 signs tenant and band with
 }
 
 func newTier1Cmd() *cobra.Command {
@@ -69,6 +71,7 @@ func newTier1Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.discovery, "discovery", "static", "pod discovery: static (StaticEndpoints only) or kubernetes (also watch pods)")
 	cmd.Flags().StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for --discovery kubernetes (default: in-cluster service account)")
 	cmd.Flags().StringVar(&f.namespace, "namespace", "", "namespace whose pods to watch (default: the kubeconfig's, or this pod's)")
+	cmd.Flags().StringVar(&f.identityKey, "identity-key-file", "", "file of the key Tier-2s sign x-meridian-tenant/x-meridian-band with (same file as tier2's); unsigned tenant or band headers are then refused (empty: trusted unsigned, keep Tier-1 unreachable except from Tier-2)")
 	cmd.Flags().DurationVar(&f.scrapeInterval, "scrape-interval", 50*time.Millisecond, "how often each pod's metrics are polled")
 	cmd.Flags().DurationVar(&f.maxMetricsAge, "max-metrics-age", time.Second, "a pod whose last scrape is older is avoided (all stale: fail open)")
 	return cmd
@@ -95,6 +98,12 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 		Options:    tier1.Options{MaxMetricsAge: f.maxMetricsAge},
 		Registerer: reg,
 		Logger:     log,
+	}
+	if f.identityKey != "" {
+		if gcfg.Tier2Key, err = trust.ReadKey(f.identityKey); err != nil {
+			src.close()
+			return nil, &exitError{2, err}
+		}
 	}
 	var exchange *peers.Exchange
 	if len(f.peers) > 0 {
