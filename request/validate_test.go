@@ -120,25 +120,29 @@ func FuzzValidate(f *testing.F) {
 		if e := EstimateCharge(int64(len(data)), p.MaxTokens, p.N); e < 0 {
 			t.Fatalf("estimate wrapped: %d", e)
 		}
-		var v struct {
-			MaxTokens     *float64 `json:"max_tokens"`
-			MaxCompletion *float64 `json:"max_completion_tokens"`
-			Stream        *bool    `json:"stream"`
-			StreamOptions *struct {
-				IncludeUsage *bool `json:"include_usage"`
-			} `json:"stream_options"`
+		// Keys match exactly, as in vLLM's server (encoding/json's struct
+		// decoding would fold case): decode into maps.
+		var top map[string]json.RawMessage
+		if json.Unmarshal(data, &top) != nil {
+			return
 		}
-		if json.Unmarshal(data, &v) != nil {
-			return // a type encoding/json rejects for a field Validate does not read
+		num := func(raw json.RawMessage) *float64 {
+			var f *float64
+			if json.Unmarshal(raw, &f) != nil {
+				return nil
+			}
+			return f
 		}
-		want := v.MaxTokens
-		if v.MaxCompletion != nil {
-			want = v.MaxCompletion
+		want := num(top["max_tokens"])
+		if raw, ok := top["max_completion_tokens"]; ok && num(raw) != nil {
+			want = num(raw)
 		}
 		if want != nil && float64(p.MaxTokens) != *want {
 			t.Fatalf("MaxTokens %d, encoding/json reads %v in %q", p.MaxTokens, *want, data)
 		}
-		got := v.StreamOptions != nil && v.StreamOptions.IncludeUsage != nil && *v.StreamOptions.IncludeUsage
+		var opts map[string]json.RawMessage
+		json.Unmarshal(top["stream_options"], &opts)
+		got := string(opts["include_usage"]) == "true"
 		if got != p.IncludeUsage {
 			t.Fatalf("IncludeUsage %v, encoding/json reads %v in %q", p.IncludeUsage, got, data)
 		}

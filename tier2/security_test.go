@@ -474,7 +474,9 @@ func TestUpstreamHeaderTimeout(t *testing.T) {
 	rec := &recorder{}
 	ok := httptest.NewServer(rec)
 	defer ok.Close()
-	short := func(c *Config) { c.UpstreamHeaderTimeout, c.UpstreamResponseTimeout = 50*time.Millisecond, 50*time.Millisecond }
+	short := func(c *Config) {
+		c.UpstreamHeaderTimeout, c.UpstreamResponseTimeout = 50*time.Millisecond, 50*time.Millisecond
+	}
 
 	d := newDoor(t, short, hung.URL, ok.URL)
 	resp := d.post(t, t.Context(), d.token(t, "team", nil), "/v1/completions", `{"model":"chat-model","prompt":"x"}`, nil)
