@@ -167,8 +167,8 @@ func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, b
 	}
 	for k, vs := range in.Header {
 		switch k {
-		case "Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length":
-			continue // the credential stops here
+		case "Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", insecureCriticality:
+			continue // the credential (and the claim it replaces) stops here
 		}
 		out.Header[k] = vs
 	}
