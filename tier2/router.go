@@ -421,7 +421,11 @@ func (r *Router) reject(st *state, c *call, e *request.APIError, w http.Response
 	if c.caller != nil {
 		tenant = st.tenantLabel(c.caller.Tenant)
 	}
-	r.m.rejected.WithLabelValues(tenant, band, e.Code).Inc()
+	reason := e.Code
+	if reason == "rate_limit_exceeded" {
+		reason = "rate_limit_" + e.Type // requests or tokens, as before OpenAI's code
+	}
+	r.m.rejected.WithLabelValues(tenant, band, reason).Inc()
 	model := ""
 	if c.body != nil {
 		model = st.modelLabel(c.body.Model)
