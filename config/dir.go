@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -61,6 +62,12 @@ func ReadDir(dir string) ([]Document, []string, error) {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			errs = append(errs, FieldError{Origin: f, Msg: err.Error()})
+			continue
+		}
+		if len(bytes.TrimSpace(stripComments(data))) == 0 {
+			// Most often a file caught while being written or truncated:
+			// reading it as "no objects" would delete what it declared.
+			errs = append(errs, FieldError{Origin: f, Msg: "the file is empty; remove it, or give it content"})
 			continue
 		}
 		if !hasKind(data) {

@@ -311,3 +311,39 @@ func TestEtcd(t *testing.T) {
 }
 
 var quiet = slog.New(slog.DiscardHandler)
+
+// An empty tenants file (caught mid-write, or truncated) is an error that
+// keeps the running configuration, not a configuration without tenants.
+func TestDirSourceEmptyFileKeepsRunning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "tenants.yaml")
+		write(t, path, tenant("a", 10))
+		src := &config.DirSource{Dir: dir, Logger: quiet, Interval: time.Second}
+		if err := src.Start(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		updates := src.Subscribe()
+		go src.Run(ctx)
+		for _, content := range []string{"", "  \n# nothing yet\n"} {
+			write(t, path, content)
+			time.Sleep(time.Second)
+			synctest.Wait()
+			select {
+			case s := <-updates:
+				t.Fatalf("%q was published: revision %d", content, s.Revision)
+			default:
+			}
+			if src.Snapshot().Tenant("a") == nil {
+				t.Fatal("the running tenants were removed")
+			}
+			if err := src.LastError(); err == nil || !strings.Contains(err.Error(), "tenants.yaml") || !strings.Contains(err.Error(), "empty") {
+				t.Fatalf("LastError = %v, want the file named as empty", err)
+			}
+		}
+		cancel()
+		synctest.Wait()
+	})
+}

@@ -116,6 +116,9 @@ type JWT struct {
 	// Zero means 5m.
 	JWKSRefresh    Duration       `json:"jwksRefresh,omitempty"`
 	RequiredClaims RequiredClaims `json:"requiredClaims,omitempty"`
+	// ClockSkew is the tolerance on a token's exp, nbf and iat, for clocks
+	// that disagree between the issuer and Tier-2. Zero means 30s.
+	ClockSkew Duration `json:"clockSkew,omitempty"`
 }
 
 // RequiredClaims says which claims a caller's token must carry and which of

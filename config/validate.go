@@ -550,6 +550,9 @@ func (b *builder) gateway(g *Gateway) {
 				}
 			}
 		}
+		if j.ClockSkew < 0 {
+			b.errf(key, "spec.auth.jwt.clockSkew", "must be ≥ 0")
+		}
 		if j.JWKSRefresh < 0 {
 			b.errf(key, "spec.auth.jwt.jwksRefresh", "must be ≥ 0")
 		}

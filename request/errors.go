@@ -7,13 +7,15 @@ import (
 )
 
 // APIError is an error answered to a caller in OpenAI's JSON shape:
-// {"error":{"message":...,"type":...,"code":...}}. Both tiers answer with
-// it so that the OpenAI SDKs surface the message.
+// {"error":{"message":...,"type":...,"param":...,"code":...}}. Both tiers
+// answer with it so that the OpenAI SDKs surface the message.
 type APIError struct {
 	Status  int    // HTTP status
 	Type    string // e.g. invalid_request_error, rate_limit_error
 	Code    string // machine-readable, e.g. model_not_found
 	Message string
+	// Param names the request parameter at fault; empty is null.
+	Param string
 	// RetryAfter, when positive, is sent as the Retry-After header, in
 	// whole seconds (rounded up by the caller).
 	RetryAfter int
@@ -34,11 +36,14 @@ func (e *APIError) Write(w http.ResponseWriter) {
 
 // Body is the JSON document of the error.
 func (e *APIError) Body() map[string]any {
-	var code any
+	var code, param any
 	if e.Code != "" {
 		code = e.Code
 	}
-	return map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "code": code}}
+	if e.Param != "" {
+		param = e.Param
+	}
+	return map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "param": param, "code": code}}
 }
 
 func itoa(n int) string {
@@ -69,10 +74,14 @@ func Unavailable(code, msg string) *APIError {
 }
 
 // BodyError is the answer to a body Read or Parse refused: 413 for one
-// over the size limit, 400 otherwise (code missing_model or bad_request).
-// Both tiers answer body errors with it.
+// over the size limit, 400 otherwise (code missing_model or bad_request;
+// a *ParamError keeps its param and code). Both tiers answer body errors
+// with it.
 func BodyError(err error) *APIError {
+	var pe *ParamError
 	switch {
+	case errors.As(err, &pe):
+		return &APIError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: pe.Code, Param: pe.Param, Message: pe.Message}
 	case errors.Is(err, ErrTooLarge):
 		return &APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "body_too_large", Message: err.Error()}
 	case errors.Is(err, ErrMissingModel):

@@ -74,6 +74,8 @@ type completionBody struct {
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
+		// ContinuousUsage is vLLM's: usage in every chunk.
+		ContinuousUsage bool `json:"continuous_usage_stats"`
 	} `json:"stream_options"`
 }
 
@@ -93,6 +95,7 @@ type request struct {
 	limited      bool // max_tokens was set: finish_reason "length"
 	stream       bool
 	includeUsage bool
+	continuous   bool // usage in every chunk (vLLM's continuous_usage_stats)
 }
 
 // parse decodes and validates a body; the error is a 400 or 404 already
@@ -125,6 +128,7 @@ func (lp *LivePod) parse(w http.ResponseWriter, r *http.Request, chat bool) (*re
 			return nil, http.StatusBadRequest, errors.New("stream_options is only allowed when stream is true")
 		}
 		req.includeUsage = b.StreamOptions.IncludeUsage
+		req.continuous = b.StreamOptions.ContinuousUsage
 	}
 	max := b.MaxTokens
 	if b.MaxCompletionTokens != nil {
@@ -389,7 +393,12 @@ func (lp *LivePod) stream(w http.ResponseWriter, r *http.Request, req *request, 
 		}
 		tokens, done, out := lp.progress(lr)
 		if tokens > sent {
-			send(choice(tokenText(sent, tokens), nil, false), nil)
+			var extra map[string]any
+			if req.continuous {
+				p := lr.req.PromptTokens
+				extra = map[string]any{"usage": map[string]any{"prompt_tokens": p, "completion_tokens": tokens, "total_tokens": p + tokens}}
+			}
+			send(choice(tokenText(sent, tokens), nil, false), extra)
 			sent = tokens
 		}
 		if done && out.Err != nil {

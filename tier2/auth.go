@@ -146,8 +146,14 @@ func (a *Authenticator) Authenticate(ctx context.Context, authorization string) 
 	if c, ok := a.cached(token); ok {
 		return c, nil
 	}
-	if alg := tokenAlg(token); alg != "" && !slices.Contains(signingMethods, alg) {
-		return nil, fmt.Errorf("%w: signing algorithm %q not accepted; use one of %s", ErrUnauthenticated, alg, strings.Join(signingMethods, ", "))
+	h := tokenHeader(token)
+	if h.Alg != "" && !slices.Contains(signingMethods, h.Alg) {
+		return nil, fmt.Errorf("%w: signing algorithm %q not accepted; use one of %s", ErrUnauthenticated, h.Alg, strings.Join(signingMethods, ", "))
+	}
+	if h.Crit != nil {
+		// RFC 7515 §4.1.11: a critical extension the verifier does not
+		// understand makes the token invalid. Meridian understands none.
+		return nil, fmt.Errorf("%w: token header lists critical extensions (crit) this verifier does not implement", ErrUnauthenticated)
 	}
 	claims := jwt.MapClaims{}
 	_, err := a.parser.ParseWithClaims(token, claims, func(t *jwt.Token) (any, error) {
@@ -155,6 +161,13 @@ func (a *Authenticator) Authenticate(ctx context.Context, authorization string) 
 		return a.keys.Key(ctx, kid, t.Method.Alg())
 	})
 	if err != nil {
+		if errors.Is(err, jwt.ErrTokenRequiredClaimMissing) {
+			for _, name := range []string{"exp", "iss", "aud"} {
+				if _, ok := claims[name]; !ok {
+					return nil, fmt.Errorf("%w: token lacks the registered claim %q", ErrUnauthenticated, name)
+				}
+			}
+		}
 		return nil, fmt.Errorf("%w: %s", ErrUnauthenticated, describeJWTError(err))
 	}
 	rc := a.cfg.RequiredClaims
@@ -185,24 +198,29 @@ func (a *Authenticator) Authenticate(ctx context.Context, authorization string) 
 	return c, nil
 }
 
-// tokenAlg reads the alg of a compact JWS header, or "" when unreadable
-// (the parser then reports the malformation).
-func tokenAlg(token string) string {
+// joseHeader is what Authenticate reads of a token's header before
+// verifying it.
+type joseHeader struct {
+	Alg  string          `json:"alg"`
+	Crit json.RawMessage `json:"crit"`
+}
+
+// tokenHeader reads a compact JWS header; zero when unreadable (the parser
+// then reports the malformation).
+func tokenHeader(token string) joseHeader {
+	var h joseHeader
 	head, _, ok := strings.Cut(strings.TrimSpace(token), ".")
 	if !ok {
-		return ""
+		return h
 	}
 	b, err := base64.RawURLEncoding.DecodeString(head)
 	if err != nil {
-		return ""
-	}
-	var h struct {
-		Alg string `json:"alg"`
+		return h
 	}
 	if json.Unmarshal(b, &h) != nil {
-		return ""
+		return joseHeader{}
 	}
-	return h.Alg
+	return h
 }
 
 // describeJWTError turns the library's errors into messages for callers.
@@ -221,7 +239,7 @@ func describeJWTError(err error) string {
 	case errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
 		return "token used before it was issued"
 	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
-		return "token lacks a required registered claim (exp)"
+		return "token lacks a required registered claim"
 	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
 		return "token issuer not accepted"
 	case errors.Is(err, jwt.ErrTokenInvalidAudience):
@@ -248,13 +266,18 @@ type KeySet struct {
 	File, URL string
 	// Client fetches URL; nil means a client with a 10 s timeout.
 	Client *http.Client
-	// MinRefresh rate-limits on-demand refreshes. Zero means 10 s.
+	// MinRefresh rate-limits on-demand refreshes (a burst of unknown key
+	// ids fetches at most once per MinRefresh, whether it succeeds or
+	// not). Zero means 10 s.
 	MinRefresh time.Duration
 	Logger     *slog.Logger
 
 	mu      sync.RWMutex
 	keys    map[string]jose.JSONWebKey // by kid ("" for keys without one)
 	fetched time.Time
+
+	onDemand  sync.Mutex // single flight of on-demand refreshes
+	attempted time.Time  // last on-demand refresh, under onDemand
 }
 
 // NewKeySet loads a JWKS from cfg's file (resolved against dir) or URL.
@@ -358,14 +381,8 @@ func (ks *KeySet) Run(ctx context.Context, interval time.Duration) {
 func (ks *KeySet) Key(ctx context.Context, kid, alg string) (any, error) {
 	k, ok := ks.lookup(kid)
 	if !ok && (ks.File != "" || ks.URL != "") {
-		ks.mu.RLock()
-		stale := time.Since(ks.fetched) >= max(ks.MinRefresh, 10*time.Second)
-		ks.mu.RUnlock()
-		if stale {
-			if err := ks.Refresh(ctx); err == nil {
-				k, ok = ks.lookup(kid)
-			}
-		}
+		ks.refreshOnDemand(ctx)
+		k, ok = ks.lookup(kid)
 	}
 	if !ok {
 		return nil, fmt.Errorf("no key with id %q", kid)
@@ -391,6 +408,31 @@ func (ks *KeySet) Key(ctx context.Context, kid, alg string) (any, error) {
 		return pub, nil
 	}
 	return nil, fmt.Errorf("key %q has an unsupported type", kid)
+}
+
+// refreshOnDemand refreshes for an unknown key id: one refresh at a time
+// (concurrent callers wait for it and then use its result), at most once
+// per MinRefresh since the last attempt or successful refresh.
+func (ks *KeySet) refreshOnDemand(ctx context.Context) {
+	ks.onDemand.Lock()
+	defer ks.onDemand.Unlock()
+	minInterval := ks.MinRefresh
+	if minInterval <= 0 {
+		minInterval = 10 * time.Second
+	}
+	ks.mu.RLock()
+	last := ks.fetched
+	ks.mu.RUnlock()
+	if ks.attempted.After(last) {
+		last = ks.attempted
+	}
+	if time.Since(last) < minInterval {
+		return
+	}
+	ks.attempted = time.Now()
+	if err := ks.Refresh(ctx); err != nil && ks.Logger != nil {
+		ks.Logger.Warn("JWKS refresh for an unknown key id failed; keeping the current keys", "error", err)
+	}
 }
 
 func (ks *KeySet) lookup(kid string) (jose.JSONWebKey, bool) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/request"
 )
@@ -47,12 +48,12 @@ func (r *Router) prefixHash(c *call) uint64 {
 	return xxhash.Sum64(text[:n]) | 1
 }
 
-// retryable classifies a failed attempt before the first response byte.
-type attemptErr struct {
-	reason string // connect, timeout, 5xx, 429
-	status int
-	result regions.Result
-}
+// Causes of an attempt's end that Tier-2 decides itself.
+var (
+	errHeaderTimeout = errors.New("no response headers within the upstream response-header timeout")
+	errStreamIdle    = errors.New("the stream was idle longer than the stream idle timeout")
+	errShutdown      = errors.New("the front door is shutting down")
+)
 
 // forward is stage 6-8: choose clusters, send, fail over before the first
 // byte, stream back with the public model name, account.
@@ -69,13 +70,19 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 		return
 	}
 	body := c.raw
-	// A stream that does not ask for usage gets it anyway, so that token
-	// limits settle on real counts; relay drops the extra chunk.
-	c.hideUsage = c.body.Stream && !c.embed && r.cfg.Limiter != nil && !bytes.Contains(c.raw, []byte(`"include_usage":true`)) &&
-		!bytes.Contains(c.raw, []byte(`"include_usage": true`))
-	if c.resolved.Target != c.body.Model || c.hideUsage {
+	// Every stream asks upstream for usage (vLLM's per-chunk
+	// continuous_usage_stats and the final include_usage chunk), so that
+	// token limits settle on what was relayed even when the stream ends
+	// early; relay removes what the caller did not ask for. The caller's
+	// wishes are read as JSON (request.Validate), the way upstream reads
+	// them.
+	if c.body.Stream {
+		c.hideUsage = !c.params.IncludeUsage
+		c.hideContinuous = !c.params.ContinuousUsage
+	}
+	if c.resolved.Target != c.body.Model || c.hideUsage || c.hideContinuous {
 		var err error
-		if body, err = rewriteBody(c.raw, c.body.Model, c.resolved.Target, c.hideUsage); err != nil {
+		if body, err = rewriteBody(c.raw, c.body.Model, c.resolved.Target, c.hideUsage || c.hideContinuous, c.params.StreamOptions); err != nil {
 			r.settle(c, 0)
 			r.reject(st, c, request.BadRequest("bad_request", err.Error()), w)
 			return
@@ -92,13 +99,13 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 			}
 			r.m.retries.WithLabelValues(last.reason).Inc()
 		}
-		resp, aerr := r.send(req.Context(), t, req, body, c)
+		resp, cancel, aerr := r.send(req.Context(), t, req, body, c)
 		if aerr != nil {
 			r.cfg.Fleet.End(t, aerr.result)
 			last = aerr
-			if req.Context().Err() != nil {
+			if req.Context().Err() != nil || errors.Is(aerr.cause, errShutdown) {
 				r.settle(c, 0)
-				return // the caller went away
+				return // the caller went away, or Tier-2 is stopping
 			}
 			r.log.Warn("tier2: cluster failed before responding; failing over", "cluster", t.Cluster, "region", t.Region, "reason", aerr.reason)
 			continue
@@ -107,65 +114,114 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 			r.m.failovers.WithLabelValues(targets[0].Region, t.Region).Inc()
 		}
 		c.served = t
-		code := r.relay(w, resp, c)
+		code := r.relay(w, resp, c, cancel)
+		cancel(nil)
 		r.cfg.Fleet.End(t, regions.Success)
 		r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), t.Region, t.Cluster, fmt.Sprint(code)).Inc()
 		return
 	}
 	r.settle(c, 0)
 	e := request.Unavailable("upstream_unavailable", fmt.Sprintf("every cluster serving %q failed before responding", c.resolved.Target))
-	if last != nil && last.status == http.StatusTooManyRequests {
+	switch {
+	case last != nil && last.status == http.StatusTooManyRequests:
 		e = request.TooManyRequests("capacity", fmt.Sprintf("every cluster serving %q is at capacity", c.resolved.Target), 1)
+	case last != nil && last.status == http.StatusGatewayTimeout:
+		e = &request.APIError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+			Message: fmt.Sprintf("no cluster serving %q answered within %s", c.resolved.Target, r.headerTimeout(c))}
 	}
 	r.m.rejected.WithLabelValues(tenant, c.band.String(), e.Code).Inc()
 	r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), "", "", fmt.Sprint(e.Status)).Inc()
 	e.Write(w)
 }
 
+// headerTimeout is how long an attempt waits for response headers. A
+// model server answers a non-streaming request's headers only once the
+// whole completion is done.
+func (r *Router) headerTimeout(c *call) time.Duration {
+	if c.body != nil && c.body.Stream {
+		return r.cfg.UpstreamHeaderTimeout
+	}
+	return r.cfg.UpstreamResponseTimeout
+}
+
+// retryable classifies a failed attempt before the first response byte.
+type attemptErr struct {
+	reason string // connect, timeout, 5xx, 429
+	status int
+	result regions.Result
+	cause  error
+}
+
 // send tries one cluster. A response is returned only when it may be
-// relayed: connect errors, 5xx and 429 come back as attemptErr.
-func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, body []byte, c *call) (*http.Response, *attemptErr) {
+// relayed: connect errors, timeouts, 5xx and 429 come back as attemptErr.
+// The attempt's context ends with cancel (or a timeout, or Abort).
+func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, body []byte, c *call) (*http.Response, context.CancelCauseFunc, *attemptErr) {
 	r.cfg.Fleet.Begin(t)
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(t.Tier1, "/")+in.URL.Path, bytes.NewReader(body))
+	actx, cancel := context.WithCancelCause(ctx)
+	stopAbort := context.AfterFunc(r.stopping, func() { cancel(errShutdown) })
+	done := func(err error) { stopAbort(); cancel(err) }
+	out, err := http.NewRequestWithContext(actx, http.MethodPost, strings.TrimSuffix(t.Tier1, "/")+in.URL.Path, bytes.NewReader(body))
 	if err != nil {
-		return nil, &attemptErr{reason: "connect", result: regions.Failure}
+		done(err)
+		return nil, nil, &attemptErr{reason: "connect", result: regions.Failure, cause: err}
 	}
 	for k, vs := range in.Header {
 		switch k {
-		case "Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length":
-			continue // the credential stops here
+		case "Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", insecureCriticality:
+			continue // the credential (and the claim it replaces) stops here
 		}
 		out.Header[k] = vs
 	}
+	band := c.band.String()
 	out.Header.Set("X-Meridian-Tenant", c.caller.Tenant)
-	out.Header.Set("X-Meridian-Band", c.band.String())
+	out.Header.Set("X-Meridian-Band", band)
 	out.Header.Set("X-Gateway-Inference-Fairness-Id", c.caller.Tenant)
+	if r.cfg.Tier1Key != nil {
+		out.Header.Set(trust.Header, trust.Sign(r.cfg.Tier1Key, c.caller.Tenant, band, r.cfg.Now()))
+	}
 	out.ContentLength = int64(len(body))
+	timer := time.AfterFunc(r.headerTimeout(c), func() { cancel(errHeaderTimeout) })
 	resp, err := r.cfg.Transport.RoundTrip(out)
+	timer.Stop()
 	if err != nil {
+		cause := context.Cause(actx)
+		done(err)
+		switch {
+		case errors.Is(cause, errHeaderTimeout):
+			return nil, nil, &attemptErr{reason: "timeout", status: http.StatusGatewayTimeout, result: regions.Failure, cause: cause}
+		case errors.Is(cause, errShutdown):
+			return nil, nil, &attemptErr{reason: "shutdown", result: regions.Failure, cause: cause}
+		}
 		reason := "connect"
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			reason = "timeout"
 		}
-		return nil, &attemptErr{reason: reason, result: regions.Failure}
+		return nil, nil, &attemptErr{reason: reason, result: regions.Failure, cause: err}
 	}
 	switch {
 	case resp.StatusCode >= 500:
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
-		return nil, &attemptErr{reason: "5xx", status: resp.StatusCode, result: regions.Failure}
+		done(nil)
+		return nil, nil, &attemptErr{reason: "5xx", status: resp.StatusCode, result: regions.Failure}
 	case resp.StatusCode == http.StatusTooManyRequests:
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
-		return nil, &attemptErr{reason: "429", status: resp.StatusCode, result: regions.Overloaded}
+		done(nil)
+		return nil, nil, &attemptErr{reason: "429", status: resp.StatusCode, result: regions.Overloaded}
 	}
-	return resp, nil
+	return resp, done, nil
 }
 
+// hiddenResponseHeaders name upstream response headers callers do not see
+// (pod addresses) unless Config.ExposeUpstream.
+var hiddenResponseHeaders = []string{"X-Gateway-Destination-Endpoint-Served", "X-Gateway-Destination-Endpoint"}
+
 // relay streams a response back, rewriting the model name to the public
-// one and reading the usage for token accounting. It returns the status.
-func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call) int {
+// one and counting what it relays for token accounting. It returns the
+// status. cancel ends the upstream attempt (a stream idle too long).
+func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, cancel context.CancelCauseFunc) int {
 	defer resp.Body.Close()
 	h := w.Header()
 	for k, vs := range resp.Header {
@@ -174,6 +230,11 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call) int 
 			continue
 		}
 		h[k] = vs
+	}
+	if !r.cfg.ExposeUpstream {
+		for _, k := range hiddenResponseHeaders {
+			h.Del(k)
+		}
 	}
 	h.Set("x-meridian-region", c.served.Region)
 	h.Set("x-meridian-cluster", c.served.Cluster)
@@ -188,6 +249,8 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call) int 
 	rc := http.NewResponseController(w)
 	from, to := []byte(`"model":"`+c.resolved.Target+`"`), []byte(`"model":"`+c.resolved.Public+`"`)
 	rename := c.resolved.Target != c.resolved.Public
+	idle := time.AfterFunc(r.cfg.StreamIdleTimeout, func() { cancel(errStreamIdle) })
+	defer idle.Stop()
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 		markFirst()
@@ -206,7 +269,7 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call) int 
 	br := r.readers.Get().(*bufio.Reader)
 	br.Reset(resp.Body)
 	defer func() { br.Reset(nil); r.readers.Put(br) }()
-	used := int64(0)
+	var acct streamAccount
 	skipBlank := false
 	for {
 		line, err := br.ReadSlice('\n')
@@ -216,57 +279,77 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call) int 
 			line = append(append([]byte(nil), line...), rest...)
 			err = nil
 		}
+		if err == nil {
+			idle.Reset(r.cfg.StreamIdleTimeout)
+		}
 		if len(line) > 0 {
 			markFirst()
 			drop := false
+			var ev streamEvent
 			if bytes.HasPrefix(line, []byte("data: {")) {
 				if rename {
 					line = bytes.Replace(line, from, to, 1)
 				}
-				if u := usageTokens(line[len("data: "):]); u > 0 {
-					used = u
-					// The usage chunk the caller did not ask for.
-					drop = c.hideUsage && bytes.Contains(line, []byte(`"choices":[]`))
-					skipBlank = drop
-				}
+				line, ev = acct.read(line, c.hideUsage, c.hideContinuous)
+				drop = ev.drop
+				skipBlank = drop
 			} else if skipBlank && len(bytes.TrimSpace(line)) == 0 {
 				drop, skipBlank = true, false
 			}
-			if !drop {
+			if drop {
+				acct.commit(ev)
+			} else {
 				if _, werr := w.Write(line); werr != nil {
-					r.settle(c, used)
+					r.settle(c, acct.tokens(c))
 					return resp.StatusCode
 				}
+				acct.commit(ev)
 				if len(bytes.TrimSpace(line)) == 0 {
-					rc.Flush() // end of an event
+					if rc.Flush() != nil {
+						r.settle(c, acct.tokens(c))
+						return resp.StatusCode
+					}
 				}
 			}
 		}
 		if err == io.EOF {
 			rc.Flush()
-			r.settle(c, used)
+			r.settle(c, acct.tokens(c))
 			return resp.StatusCode
 		}
 		if err != nil {
 			// After the first byte, never retry: end the stream with an
 			// error event the OpenAI SDKs surface.
-			w.Write([]byte(`data: {"error":{"message":"the upstream cluster failed mid-stream","type":"server_error","code":"upstream_failed"}}` + "\n\n"))
+			msg, code := "the upstream cluster failed mid-stream", "upstream_failed"
+			switch cause := context.Cause(resp.Request.Context()); {
+			case errors.Is(cause, errStreamIdle):
+				msg, code = fmt.Sprintf("the upstream stream sent nothing for %s", r.cfg.StreamIdleTimeout), "stream_idle_timeout"
+			case errors.Is(cause, errShutdown):
+				msg, code = "the front door is shutting down; retry the request", "shutting_down"
+			}
+			w.Write([]byte(`data: {"error":{"message":"` + msg + `","type":"server_error","param":null,"code":"` + code + `"}}` + "\n\n"))
 			rc.Flush()
-			r.settle(c, used)
+			r.settle(c, acct.tokens(c))
 			return resp.StatusCode
 		}
 	}
 }
 
-// settle reconciles the token estimate charged at admission with the real
-// usage (0 when unknown: the estimate stands for the prompt part only).
+// settle reconciles the token estimate charged at admission with the
+// tokens served (0: unknown; the prompt estimate stands).
 func (r *Router) settle(c *call, used int64) {
-	if r.cfg.Limiter == nil || !c.rl.Allowed || c.settled {
+	if c.settled || !c.forwarded {
 		return
 	}
 	c.settled = true
 	if used <= 0 && c.body != nil {
 		used = int64(c.body.EstimateTokens())
+	}
+	if c.caller != nil {
+		r.m.charged.WithLabelValues(c.chargeLabel).Add(float64(used))
+	}
+	if r.cfg.Limiter == nil || !c.rl.Allowed {
+		return
 	}
 	r.cfg.Limiter.Settle(c.rl.Ticket, used)
 }
@@ -274,68 +357,58 @@ func (r *Router) settle(c *call, used int64) {
 // usageTokens reads usage.total_tokens from a response or event JSON
 // without decoding it: this runs on the response path of every request.
 func usageTokens(b []byte) int64 {
-	i := bytes.Index(b, []byte(`"usage"`))
-	if i < 0 {
+	u, _, _, ok := findUsage(b)
+	if !ok {
 		return 0
 	}
-	j := bytes.Index(b[i:], []byte(`"total_tokens"`))
-	if j < 0 {
-		return 0
-	}
-	rest := b[i+j+len(`"total_tokens"`):]
-	k := 0
-	for k < len(rest) && (rest[k] == ' ' || rest[k] == ':') {
-		k++
-	}
-	var n int64
-	for ; k < len(rest) && rest[k] >= '0' && rest[k] <= '9'; k++ {
-		n = n*10 + int64(rest[k]-'0')
-	}
-	return n
+	return u.total
 }
 
 // rewriteBody returns body with its "model" replaced by model and, when
-// includeUsage, stream_options.include_usage set. The common cases are
-// byte edits of the original (a body may be megabytes of prompt); anything
-// unusual goes through a full decode.
-func rewriteBody(body []byte, public, model string, includeUsage bool) ([]byte, error) {
+// askUsage, stream_options asking for usage in every chunk and at the end.
+// hasOptions says the body has a stream_options object (request.Params).
+// The common cases are byte edits of the original (a body may be
+// megabytes of prompt); anything unusual goes through a full decode.
+func rewriteBody(body []byte, public, model string, askUsage, hasOptions bool) ([]byte, error) {
 	out := body
 	if model != public {
 		q, _ := json.Marshal(public)
 		from := append([]byte(`"model":`), q...)
 		if bytes.Count(body, from) != 1 {
-			return rewriteBodySlow(body, model, includeUsage)
+			return rewriteBodySlow(body, model, askUsage)
 		}
 		to, _ := json.Marshal(model)
 		out = bytes.Replace(body, from, append([]byte(`"model":`), to...), 1)
 	}
-	if includeUsage {
-		if bytes.Contains(out, []byte(`"stream_options"`)) {
-			return rewriteBodySlow(body, model, includeUsage)
+	if askUsage {
+		if hasOptions || bytes.Contains(out, []byte(`"stream_options"`)) {
+			return rewriteBodySlow(body, model, askUsage)
 		}
-		i := bytes.IndexByte(out, '{')
+		// Appended last: with duplicated keys the last one wins, in Go and
+		// in Python alike.
+		i := bytes.LastIndexByte(out, '}')
 		if i < 0 {
 			return nil, errors.New("malformed JSON body: not an object")
 		}
-		const field = `"stream_options":{"include_usage":true},`
+		const field = `,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`
 		edited := make([]byte, 0, len(out)+len(field))
-		edited = append(edited, out[:i+1]...)
+		edited = append(edited, out[:i]...)
 		edited = append(edited, field...)
-		edited = append(edited, out[i+1:]...)
+		edited = append(edited, out[i:]...)
 		out = edited
 	}
 	return out, nil
 }
 
 // rewriteBodySlow is rewriteBody by a full decode and encode.
-func rewriteBodySlow(body []byte, model string, includeUsage bool) ([]byte, error) {
+func rewriteBodySlow(body []byte, model string, askUsage bool) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, fmt.Errorf("malformed JSON body: %w", err)
 	}
 	q, _ := json.Marshal(model)
 	m["model"] = q
-	if includeUsage {
+	if askUsage {
 		opts := map[string]json.RawMessage{}
 		if raw, ok := m["stream_options"]; ok && string(raw) != "null" {
 			if err := json.Unmarshal(raw, &opts); err != nil {
@@ -343,6 +416,7 @@ func rewriteBodySlow(body []byte, model string, includeUsage bool) ([]byte, erro
 			}
 		}
 		opts["include_usage"] = json.RawMessage("true")
+		opts["continuous_usage_stats"] = json.RawMessage("true")
 		m["stream_options"], _ = json.Marshal(opts)
 	}
 	return json.Marshal(m)
@@ -362,29 +436,4 @@ func preferOtherRegions(ts []regions.Target, region string) []regions.Target {
 		}
 	}
 	return out
-}
-
-// readEmbedding parses an embeddings body: model and input.
-func readEmbedding(req *http.Request, limit int64) (*request.Body, []byte, error) {
-	raw, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("reading body: %w", err)
-	}
-	if int64(len(raw)) > limit {
-		return nil, nil, fmt.Errorf("%w: more than %d bytes", request.ErrTooLarge, limit)
-	}
-	var v struct {
-		Model string          `json:"model"`
-		Input json.RawMessage `json:"input"`
-	}
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", request.ErrMalformed, err)
-	}
-	if v.Model == "" {
-		return nil, nil, request.ErrMissingModel
-	}
-	if len(v.Input) == 0 {
-		return nil, nil, fmt.Errorf("%w: \"input\" is required", request.ErrPromptType)
-	}
-	return &request.Body{Model: v.Model, Kind: request.Completion, Prompt: string(v.Input)}, raw, nil
 }

@@ -2,6 +2,7 @@ package tier2
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -18,7 +19,7 @@ func TestRewriteBody(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := rewriteBody([]byte(tc.body), tc.public, tc.target, tc.usage)
+			out, err := rewriteBody([]byte(tc.body), tc.public, tc.target, tc.usage, strings.Contains(tc.body, "stream_options"))
 			if err != nil {
 				t.Fatal(err)
 			}

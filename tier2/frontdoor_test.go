@@ -95,7 +95,7 @@ func TestFrontDoorRejects(t *testing.T) {
 		{"too large", good, "/v1/chat/completions", `{"model":"chat-model","prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "body_too_large"},
 		{"unknown model", good, "/v1/chat/completions", `{"model":"gpt-9","messages":[]}`, 404, "model_not_found"},
 		{"no healthy cluster", good, "/v1/chat/completions", `{"model":"chat-model","messages":[]}`, 503, "no_cluster"},
-		{"bad embeddings body", good, "/v1/embeddings", `{"model":"chat-model"}`, 400, "bad_request"},
+		{"embeddings not routed, not charged", good, "/v1/embeddings", `{"model":"chat-model","input":"x"}`, 404, "not_found"},
 		{"unknown route", good, "/v1/nope", `{}`, 404, "not_found"},
 	}
 	for _, tc := range cases {

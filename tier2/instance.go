@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -58,6 +59,11 @@ type InstanceConfig struct {
 	// Canary configures the canary analysis (tier2/canary.go); its
 	// Instance, Region, Registerer and Logger are filled in from above.
 	Canary CanaryConfig
+	// FrontDoor sets the router's identity and timeout settings:
+	// DefaultTenant, Tier1Key, ExposeUpstream, the timeouts and
+	// MaxHeaders (see Config; zero fields take its defaults). Its other
+	// fields are ignored.
+	FrontDoor Config
 }
 
 // Instance is a running Tier-2: the router and its background work.
@@ -70,8 +76,15 @@ type Instance struct {
 	Node    *gossip.Node
 	Canary  *Canary
 	adm     *Admission
-	keys    *KeySet
 	metrics *Metrics
+
+	// The running JWT settings, replaced by apply when they change.
+	authMu   sync.Mutex
+	keys     *KeySet
+	jwt      *config.JWT
+	jwtDir   string
+	keysCtx  context.Context // Run's; nil before Run
+	stopKeys context.CancelFunc
 
 	mu   sync.Mutex
 	subs map[string]context.CancelFunc // cluster → health subscription
@@ -133,20 +146,24 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 			return node.BroadcastLatest(gossip.ChannelRegions, key, p)
 		})
 	}
-	in.keys = cfg.Keys
-	auth, err := in.authenticator(ctx, snap)
+	pending, err := in.authenticator(ctx, snap)
 	if err != nil {
 		return nil, err
 	}
+	auth := in.commitAuth(pending)
 	pm, err := priority.NewMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	in.adm = &Admission{Region: cfg.Region, Fleet: fleet, Metrics: pm}
 	in.adm.Configure(routingAdmission(snap))
+	fd := cfg.FrontDoor
 	in.Router, err = NewRouter(Config{
 		Region: cfg.Region, Fleet: fleet, Auth: auth, InsecureNoAuth: cfg.InsecureNoAuth,
 		Limiter: in.Limiter, Priority: in.adm, Transport: cfg.Transport, Logger: cfg.Logger, Metrics: in.metrics,
+		DefaultTenant: fd.DefaultTenant, Tier1Key: fd.Tier1Key, ExposeUpstream: fd.ExposeUpstream,
+		BodyReadTimeout: fd.BodyReadTimeout, UpstreamHeaderTimeout: fd.UpstreamHeaderTimeout,
+		UpstreamResponseTimeout: fd.UpstreamResponseTimeout, StreamIdleTimeout: fd.StreamIdleTimeout, MaxHeaders: fd.MaxHeaders,
 	}, snap)
 	if err != nil {
 		return nil, err
@@ -198,12 +215,88 @@ func (in *Instance) fleetConfig(snap *config.Snapshot) regions.Config {
 	return c
 }
 
+// pendingAuth is JWT verification built from a configuration and not
+// yet installed (commitAuth).
+type pendingAuth struct {
+	auth *Authenticator
+	keys *KeySet
+	jwt  *config.JWT
+	dir  string
+}
+
 // authenticator builds JWT verification from the gateways of this Region
-// (the first that configures it).
-func (in *Instance) authenticator(ctx context.Context, snap *config.Snapshot) (*Authenticator, error) {
+// (the first that configures it), or returns nil when snap's settings
+// are the running ones. A new JWKS source gets a new key set (loaded
+// now: an unreadable one is an error that keeps the running settings).
+func (in *Instance) authenticator(ctx context.Context, snap *config.Snapshot) (*pendingAuth, error) {
 	if in.cfg.InsecureNoAuth {
 		return nil, nil
 	}
+	jwtCfg, dir, err := in.jwtConfig(snap)
+	if err != nil {
+		return nil, err
+	}
+	in.authMu.Lock()
+	defer in.authMu.Unlock()
+	if in.jwt != nil && reflect.DeepEqual(*in.jwt, *jwtCfg) && in.jwtDir == dir {
+		return nil, nil
+	}
+	keys := in.cfg.Keys
+	sameSource := in.jwt != nil && in.jwt.JWKSFile == jwtCfg.JWKSFile && in.jwt.JWKSURL == jwtCfg.JWKSURL && in.jwtDir == dir
+	switch {
+	case keys != nil:
+	case sameSource:
+		keys = in.keys
+	default:
+		ks, err := NewKeySet(ctx, *jwtCfg, dir)
+		if err != nil {
+			return nil, err
+		}
+		ks.Logger = in.log
+		keys = ks
+	}
+	skew := jwtCfg.ClockSkew.D()
+	if skew == 0 {
+		skew = 30 * time.Second
+	}
+	return &pendingAuth{auth: NewAuthenticator(*jwtCfg, keys, skew, nil), keys: keys, jwt: jwtCfg, dir: dir}, nil
+}
+
+// commitAuth makes p the running JWT settings (nil p: no change) and
+// returns its authenticator.
+func (in *Instance) commitAuth(p *pendingAuth) *Authenticator {
+	if p == nil {
+		return nil
+	}
+	in.authMu.Lock()
+	defer in.authMu.Unlock()
+	if p.keys != in.keys {
+		if in.stopKeys != nil {
+			in.stopKeys()
+			in.stopKeys = nil
+		}
+		in.keys = p.keys
+		if in.keysCtx != nil {
+			in.runKeysLocked()
+		}
+	}
+	in.jwt, in.jwtDir = p.jwt, p.dir
+	return p.auth
+}
+
+// runKeysLocked refreshes the current key set in the background until
+// the next one replaces it or Run ends.
+func (in *Instance) runKeysLocked() {
+	ctx, cancel := context.WithCancel(in.keysCtx)
+	in.stopKeys = cancel
+	ks := in.keys
+	interval := in.jwt.JWKSRefresh.D()
+	go ks.Run(ctx, interval)
+}
+
+// jwtConfig finds this Region's spec.auth.jwt and the directory its
+// relative jwksFile is resolved against.
+func (in *Instance) jwtConfig(snap *config.Snapshot) (*config.JWT, string, error) {
 	var jwtCfg *config.JWT
 	var origin string
 	for _, g := range snap.Gateways {
@@ -215,29 +308,25 @@ func (in *Instance) authenticator(ctx context.Context, snap *config.Snapshot) (*
 		}
 	}
 	if jwtCfg == nil {
-		return nil, fmt.Errorf("tier2: no gateway configures spec.auth.jwt; configure it or pass --insecure-no-auth")
+		return nil, "", fmt.Errorf("tier2: no gateway configures spec.auth.jwt; configure it or pass --insecure-no-auth")
 	}
-	if in.keys == nil {
-		dir := in.cfg.ConfigDir
-		if dir == "" && origin != "" {
-			dir = filepath.Dir(origin)
-		}
-		ks, err := NewKeySet(ctx, *jwtCfg, dir)
-		if err != nil {
-			return nil, err
-		}
-		ks.Logger = in.log
-		in.keys = ks
+	dir := in.cfg.ConfigDir
+	if dir == "" && origin != "" {
+		dir = filepath.Dir(origin)
 	}
-	return NewAuthenticator(*jwtCfg, in.keys, 30*time.Second, nil), nil
+	return jwtCfg, dir, nil
 }
 
-// Handler is the front door, plus GET /meridian/canary (the latest canary
-// analyses, for `meridian canary status --tier2`).
-func (in *Instance) Handler() http.Handler {
+// Handler is the front door.
+func (in *Instance) Handler() http.Handler { return in.Router.Handler() }
+
+// AdminHandler serves GET /meridian/canary (the latest canary analyses,
+// for `meridian canary status --tier2`): rollout names and error rates
+// are for operators, so it belongs on the metrics listener, not the
+// front door.
+func (in *Instance) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /meridian/canary", in.Canary)
-	mux.Handle("/", in.Router.Handler())
 	return mux
 }
 
@@ -249,9 +338,12 @@ func (in *Instance) Run(ctx context.Context, updates <-chan *config.Snapshot) {
 	goRun := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
 	in.subscribe(ctx, in.Router.snap.Load().snap)
 	goRun(func() { in.adm.Run(ctx, 0) })
+	in.authMu.Lock()
+	in.keysCtx = ctx
 	if in.keys != nil {
-		goRun(func() { in.keys.Run(ctx, 0) })
+		in.runKeysLocked()
 	}
+	in.authMu.Unlock()
 	if in.Node != nil {
 		goRun(func() {
 			// Run publishes the leaving tombstone itself when ctx ends.
@@ -295,6 +387,11 @@ func (in *Instance) apply(ctx context.Context, s *config.Snapshot) {
 		in.log.Error("tier2: configuration not applied", "revision", s.Revision, "error", err)
 		return
 	}
+	pending, err := in.authenticator(ctx, s)
+	if err != nil {
+		in.log.Error("tier2: configuration not applied: spec.auth.jwt", "revision", s.Revision, "error", err)
+		return
+	}
 	if err := in.Fleet.Update(in.fleetConfig(s)); err != nil {
 		in.log.Error("tier2: configuration not applied", "revision", s.Revision, "error", err)
 		return
@@ -304,6 +401,10 @@ func (in *Instance) apply(ctx context.Context, s *config.Snapshot) {
 		return
 	}
 	in.adm.Configure(routingAdmission(s))
+	if auth := in.commitAuth(pending); auth != nil {
+		in.Router.SetAuth(auth)
+		in.log.Info("tier2: authentication settings replaced", "revision", s.Revision)
+	}
 	in.subscribe(ctx, s)
 	in.log.Info("tier2: configuration applied", "revision", s.Revision)
 }

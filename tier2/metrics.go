@@ -14,6 +14,7 @@ type Metrics struct {
 	ejected         *prometheus.GaugeVec
 	members         *prometheus.GaugeVec
 	digestAge       *prometheus.GaugeVec
+	charged         *prometheus.CounterVec
 }
 
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -42,10 +43,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Tier-2 instances known, by Region."}, []string{"region"}),
 		digestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_tier2_digest_age_seconds",
 			Help: "Age of the newest pool-health digest."}, []string{"region", "cluster", "pool"}),
+		charged: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier2_charged_tokens_total",
+			Help: "Tokens settled against tenants: the final usage, or the prompt plus the output relayed when a stream ended early."}, []string{"tenant"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.ttft, m.rejected, m.retries, m.budgetExhausted, m.failovers,
-			m.ejections, m.ejected, m.members, m.digestAge)
+			m.ejections, m.ejected, m.members, m.digestAge, m.charged)
 	}
 	return m
 }

@@ -12,12 +12,14 @@ package tier2
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -38,7 +40,8 @@ type Config struct {
 	Region string
 	// Fleet orders clusters for each request. Required.
 	Fleet *regions.Fleet
-	// Auth verifies callers. Nil requires InsecureNoAuth.
+	// Auth verifies callers. Nil requires InsecureNoAuth. SetAuth
+	// replaces it while serving.
 	Auth *Authenticator
 	// InsecureNoAuth lets unauthenticated callers in as tenant
 	// "anonymous" (local development only).
@@ -59,20 +62,56 @@ type Config struct {
 	// DefaultMaxTokens is the output-token estimate charged to token
 	// limits for a request without max_tokens. Zero means 256.
 	DefaultMaxTokens int
-	Logger           *slog.Logger
-	Metrics          *Metrics
-	Now              func() time.Time
+	// DefaultTenant, when set, names the Tenant whose policy applies to a
+	// caller whose token names a tenant without a Tenant object. Empty
+	// (the default): such callers are refused with 403.
+	DefaultTenant string
+	// Tier1Key signs the tenant and band sent to Tier-1s (internal/trust);
+	// nil sends them unsigned, for Tier-1s that do not verify.
+	Tier1Key []byte
+	// ExposeUpstream shows callers the pod address headers Tier-1 sets
+	// (x-gateway-destination-endpoint-served): a debugging aid that
+	// discloses the cluster's internal addresses. Off by default.
+	ExposeUpstream bool
+	// BodyReadTimeout bounds reading a request's body, from the end of its
+	// headers (a slow or stalled upload holds a connection and a
+	// goroutine). Zero means 30 s; a 408 after it.
+	BodyReadTimeout time.Duration
+	// UpstreamHeaderTimeout bounds the wait for a Tier-1's response
+	// headers to a streaming request (a stream answers them with its first
+	// event; waiting includes queueing in the cluster). After it the
+	// attempt fails over to the next cluster, and the caller gets a 504
+	// when none answers. Zero means 60 s.
+	UpstreamHeaderTimeout time.Duration
+	// UpstreamResponseTimeout is UpstreamHeaderTimeout for a non-streaming
+	// request, whose headers come only with the whole completion. Zero
+	// means 10 min.
+	UpstreamResponseTimeout time.Duration
+	// StreamIdleTimeout ends a stream (with an error event) when its
+	// Tier-1 sends nothing for this long. Zero means 60 s.
+	StreamIdleTimeout time.Duration
+	// MaxHeaders bounds the number of request header values (431 beyond).
+	// The size of the headers is bounded by the http.Server's
+	// MaxHeaderBytes. Zero means 100.
+	MaxHeaders int
+	Logger     *slog.Logger
+	Metrics    *Metrics
+	Now        func() time.Time
 }
 
 // Router serves the front door. Apply swaps its configuration.
 type Router struct {
-	cfg     Config
-	log     *slog.Logger
-	m       *Metrics
-	snap    atomic.Pointer[state]
-	bufs    sync.Pool
-	readers sync.Pool // *bufio.Reader of 32 KiB for relaying event streams
-	cohorts sync.Map  // rewrite name → *rewrite.Cohort of its rollout's state; see Canary
+	cfg  Config
+	log  *slog.Logger
+	m    *Metrics
+	snap atomic.Pointer[state]
+	auth atomic.Pointer[Authenticator]
+	// stopping ends every upstream attempt when Abort is called.
+	stopping context.Context
+	abort    context.CancelFunc
+	bufs     sync.Pool
+	readers  sync.Pool // *bufio.Reader of 32 KiB for relaying event streams
+	cohorts  sync.Map  // rewrite name → *rewrite.Cohort of its rollout's state; see Canary
 }
 
 // state is one configuration's derived routing state.
@@ -109,10 +148,28 @@ func NewRouter(cfg Config, snap *config.Snapshot) (*Router, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	for _, d := range []struct {
+		p   *time.Duration
+		def time.Duration
+	}{
+		{&cfg.BodyReadTimeout, 30 * time.Second},
+		{&cfg.UpstreamHeaderTimeout, 60 * time.Second},
+		{&cfg.UpstreamResponseTimeout, 10 * time.Minute},
+		{&cfg.StreamIdleTimeout, 60 * time.Second},
+	} {
+		if *d.p <= 0 {
+			*d.p = d.def
+		}
+	}
+	if cfg.MaxHeaders <= 0 {
+		cfg.MaxHeaders = 100
+	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	r := &Router{cfg: cfg, log: cfg.Logger, m: cfg.Metrics}
+	r.auth.Store(cfg.Auth)
+	r.stopping, r.abort = context.WithCancel(context.Background())
 	r.bufs.New = func() any { return new([32 << 10]byte) }
 	r.readers.New = func() any { return bufio.NewReaderSize(nil, 32<<10) }
 	if err := r.Apply(snap); err != nil {
@@ -120,6 +177,21 @@ func NewRouter(cfg Config, snap *config.Snapshot) (*Router, error) {
 	}
 	return r, nil
 }
+
+// SetAuth replaces the authenticator (a reloaded spec.auth.jwt). Nil is
+// refused unless the router runs with InsecureNoAuth.
+func (r *Router) SetAuth(a *Authenticator) error {
+	if a == nil && !r.cfg.InsecureNoAuth {
+		return errors.New("tier2: no JWT authentication is configured")
+	}
+	r.auth.Store(a)
+	return nil
+}
+
+// Abort ends every request still being relayed: each stream gets an error
+// event. Call it when a drain's deadline passes, before closing the
+// listeners, so that no stream is cut without one.
+func (r *Router) Abort() { r.abort() }
 
 // Apply swaps in a new configuration; on error the running one stays.
 func (r *Router) Apply(snap *config.Snapshot) error {
@@ -157,20 +229,61 @@ func (r *Router) Apply(snap *config.Snapshot) error {
 	return nil
 }
 
-// Handler returns the front door's routes.
+// Handler returns the front door's routes. Every route but /healthz and
+// /readyz authenticates, including the answer to an unrouted path (which
+// is a 404 before anything is charged: /v1/embeddings is not routed).
 func (r *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", r.serveInference)
 	mux.HandleFunc("POST /v1/completions", r.serveInference)
-	mux.HandleFunc("POST /v1/embeddings", r.serveInference)
 	mux.HandleFunc("GET /v1/models", r.serveModels)
 	mux.HandleFunc("GET /v1/models/{model}", r.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", r.serveReady)
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		if _, e := r.identify(r.snap.Load(), req); e != nil {
+			e.Write(w)
+			return
+		}
 		request.NotFound("not_found", "no route for "+req.Method+" "+req.URL.Path).Write(w)
 	})
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		n := 0
+		for _, vs := range req.Header {
+			n += len(vs)
+		}
+		if n > r.cfg.MaxHeaders {
+			(&request.APIError{Status: http.StatusRequestHeaderFieldsTooLarge, Type: "invalid_request_error", Code: "too_many_headers",
+				Message: fmt.Sprintf("%d header values, at most %d are accepted", n, r.cfg.MaxHeaders)}).Write(w)
+			return
+		}
+		stripInternal(req.Header)
+		mux.ServeHTTP(w, req)
+	})
+}
+
+// stripInternal removes the headers only Meridian may set (x-gateway-*,
+// x-meridian-*) from a caller's request: they steer routing and carry
+// identity between the tiers. The criticality a caller claims without a
+// token (InsecureNoAuth) is kept as x-meridian-criticality's value in
+// insecureCriticality.
+func stripInternal(h http.Header) {
+	for k := range h {
+		if len(k) > 2 && (k[0] == 'X' || k[0] == 'x') && k[1] == '-' && (hasFoldPrefix(k[2:], "gateway-") || hasFoldPrefix(k[2:], "meridian-")) {
+			if strings.EqualFold(k, "X-Meridian-Criticality") {
+				h[insecureCriticality] = h[k]
+			}
+			delete(h, k)
+		}
+	}
+}
+
+// insecureCriticality is a header key no HTTP parser produces (it is not
+// canonical), so only stripInternal can set it.
+const insecureCriticality = "x-meridian-criticality"
+
+func hasFoldPrefix(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }
 
 func (r *Router) serveReady(w http.ResponseWriter, _ *http.Request) {
@@ -181,10 +294,16 @@ func (r *Router) serveReady(w http.ResponseWriter, _ *http.Request) {
 	w.Write([]byte("ready\n"))
 }
 
-// serveModel answers one model of the list, or 404.
+// serveModel answers one model of the caller's list, or 404.
 func (r *Router) serveModel(w http.ResponseWriter, req *http.Request) {
+	st := r.snap.Load()
+	caller, e := r.identify(st, req)
+	if e != nil {
+		e.Write(w)
+		return
+	}
 	id := req.PathValue("model")
-	if !slices.Contains(r.modelIDs(), id) {
+	if !slices.Contains(r.modelIDs(st, caller.Tenant), id) {
 		request.NotFound("model_not_found", fmt.Sprintf("the model %q does not exist or is not served", id)).Write(w)
 		return
 	}
@@ -192,10 +311,16 @@ func (r *Router) serveModel(w http.ResponseWriter, req *http.Request) {
 	json.NewEncoder(w).Encode(map[string]any{"id": id, "object": "model", "created": 0, "owned_by": "meridian"})
 }
 
-// serveModels lists every model some cluster serves with a fresh digest,
-// plus the public names of rewrites.
-func (r *Router) serveModels(w http.ResponseWriter, _ *http.Request) {
-	ids := r.modelIDs()
+// serveModels lists the models the caller may call that some cluster
+// serves with a fresh digest, plus the public names of rewrites.
+func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
+	st := r.snap.Load()
+	caller, e := r.identify(st, req)
+	if e != nil {
+		e.Write(w)
+		return
+	}
+	ids := r.modelIDs(st, caller.Tenant)
 	type model struct {
 		ID      string `json:"id"`
 		Object  string `json:"object"`
@@ -211,8 +336,8 @@ func (r *Router) serveModels(w http.ResponseWriter, _ *http.Request) {
 }
 
 // modelIDs lists, sorted, every model some cluster serves with a fresh
-// digest and every public name of a rewrite.
-func (r *Router) modelIDs() []string {
+// digest and every public name of a rewrite that tenant may call.
+func (r *Router) modelIDs(st *state, tenant string) []string {
 	seen := map[string]bool{}
 	for _, d := range r.cfg.Fleet.Digests().Digests() {
 		if d.ReadyPods > 0 {
@@ -222,7 +347,7 @@ func (r *Router) modelIDs() []string {
 			}
 		}
 	}
-	for _, rw := range r.snap.Load().snap.Rewrites {
+	for _, rw := range st.snap.Rewrites {
 		for _, rule := range rw.Spec.Rules {
 			for _, m := range rule.Matches {
 				if m.Model != nil {
@@ -231,9 +356,15 @@ func (r *Router) modelIDs() []string {
 			}
 		}
 	}
+	var allowed []string
+	if t := st.snap.Tenants[tenant]; t != nil {
+		allowed = t.Spec.Models
+	}
 	ids := make([]string, 0, len(seen))
 	for id := range seen {
-		ids = append(ids, id)
+		if len(allowed) == 0 || slices.Contains(allowed, id) {
+			ids = append(ids, id)
+		}
 	}
 	slices.Sort(ids)
 	return ids
@@ -245,21 +376,30 @@ type call struct {
 	caller   *Caller
 	band     priority.Band
 	body     *request.Body
+	params   request.Params
 	raw      []byte
-	embed    bool
 	resolved rewrite.Resolution
 	rl       ratelimit.Decision
 	ticket   *priority.Ticket
 	spill    bool // admission asked to prefer another Region
 	served   regions.Target
 	settled  bool // token usage reconciled
-	// hideUsage: Tier-2 asked upstream for a usage chunk the caller did
-	// not request; relay drops it.
-	hideUsage bool
+	// forwarded: every stage let the request through; it is charged.
+	forwarded bool
+	// hideUsage, hideContinuous: Tier-2 asked upstream for a final usage
+	// chunk, or usage in every chunk, the caller did not request; relay
+	// removes them.
+	hideUsage, hideContinuous bool
+	chargeLabel               string // tenant label of meridian_tier2_charged_tokens_total
 }
 
 func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	c := &call{start: r.cfg.Now()}
+	defer func() {
+		if c.forwarded && !c.settled {
+			r.settle(c, 0) // a panic (http.ErrAbortHandler) while relaying
+		}
+	}()
 	st := r.snap.Load()
 	// Stages, in order. Each either lets the request through or answers.
 	stages := []func(*state, *call, http.ResponseWriter, *http.Request) *request.APIError{
@@ -272,6 +412,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	defer c.ticket.Done()
+	c.forwarded = true
 	r.forward(st, c, w, req)
 }
 
@@ -281,7 +422,11 @@ func (r *Router) reject(st *state, c *call, e *request.APIError, w http.Response
 	if c.caller != nil {
 		tenant = st.tenantLabel(c.caller.Tenant)
 	}
-	r.m.rejected.WithLabelValues(tenant, band, e.Code).Inc()
+	reason := e.Code
+	if reason == "rate_limit_exceeded" {
+		reason = "rate_limit_" + e.Type // requests or tokens, as before OpenAI's code
+	}
+	r.m.rejected.WithLabelValues(tenant, band, reason).Inc()
 	model := ""
 	if c.body != nil {
 		model = st.modelLabel(c.body.Model)
@@ -311,30 +456,60 @@ func (st *state) modelLabel(m string) string {
 }
 
 // Stage 1: authentication.
-func (r *Router) authenticate(_ *state, c *call, _ http.ResponseWriter, req *http.Request) *request.APIError {
-	if r.cfg.Auth == nil {
-		c.caller = &Caller{Tenant: "anonymous", Subject: "anonymous"}
-		if b := req.Header.Get("x-meridian-criticality"); b != "" {
-			c.caller.Band = b
-		}
-		return nil
-	}
-	caller, err := r.cfg.Auth.Authenticate(req.Context(), req.Header.Get("Authorization"))
-	if err != nil {
-		return &request.APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "unauthenticated", Message: err.Error()}
+func (r *Router) authenticate(st *state, c *call, _ http.ResponseWriter, req *http.Request) *request.APIError {
+	caller, e := r.identify(st, req)
+	if e != nil {
+		return e
 	}
 	c.caller = caller
+	c.chargeLabel = st.tenantLabel(caller.Tenant)
 	return nil
 }
 
-// Stage 2: parse the body once.
-func (r *Router) parse(_ *state, c *call, _ http.ResponseWriter, req *http.Request) *request.APIError {
-	c.embed = strings.HasSuffix(req.URL.Path, "/embeddings")
+// identify authenticates a request and refuses a tenant the configuration
+// does not know (fail closed), unless DefaultTenant names a Tenant whose
+// policy such callers get.
+func (r *Router) identify(st *state, req *http.Request) (*Caller, *request.APIError) {
+	auth := r.auth.Load()
+	if auth == nil {
+		c := &Caller{Tenant: "anonymous", Subject: "anonymous"}
+		if vs := req.Header[insecureCriticality]; len(vs) > 0 {
+			c.Band = vs[0]
+		}
+		return c, nil
+	}
+	caller, err := auth.Authenticate(req.Context(), req.Header.Get("Authorization"))
+	if err != nil {
+		return nil, &request.APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "unauthenticated", Message: err.Error()}
+	}
+	if _, ok := st.snap.Tenants[caller.Tenant]; !ok {
+		if _, ok := st.snap.Tenants[r.cfg.DefaultTenant]; r.cfg.DefaultTenant == "" || !ok {
+			return nil, &request.APIError{Status: http.StatusForbidden, Type: "permission_error", Code: "unknown_tenant",
+				Message: fmt.Sprintf("tenant %q is not configured: ask the operator to add a Tenant object for it", caller.Tenant)}
+		}
+		c := *caller
+		c.Tenant = r.cfg.DefaultTenant
+		caller = &c
+	}
+	return caller, nil
+}
+
+// Stage 2: read the body within BodyReadTimeout, parse it once and
+// validate its parameters, before anything is admitted or charged.
+func (r *Router) parse(_ *state, c *call, w http.ResponseWriter, req *http.Request) *request.APIError {
+	rc := http.NewResponseController(w)
+	deadline := rc.SetReadDeadline(r.cfg.Now().Add(r.cfg.BodyReadTimeout)) == nil
 	var err error
-	if c.embed {
-		c.body, c.raw, err = readEmbedding(req, r.cfg.MaxBodyBytes)
-	} else {
-		c.body, c.raw, err = request.Read(req.Body, r.cfg.MaxBodyBytes)
+	c.body, c.raw, err = request.Read(req.Body, r.cfg.MaxBodyBytes)
+	if deadline {
+		rc.SetReadDeadline(time.Time{})
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return &request.APIError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+			Message: fmt.Sprintf("the request body was not received within %s", r.cfg.BodyReadTimeout)}
+	}
+	if err == nil {
+		c.params, err = request.Validate(c.raw)
 	}
 	if err != nil {
 		return request.BodyError(err)
@@ -403,25 +578,25 @@ func (r *Router) rateLimit(_ *state, c *call, w http.ResponseWriter, _ *http.Req
 	if r.cfg.Limiter == nil {
 		return nil
 	}
-	est := int64(c.body.EstimateTokens())
-	if !c.embed {
-		mt := c.body.MaxTokens
-		if mt <= 0 {
-			mt = r.cfg.DefaultMaxTokens
-		}
-		est += int64(mt)
+	mt := c.params.MaxTokens
+	if mt <= 0 {
+		mt = int64(r.cfg.DefaultMaxTokens)
 	}
+	est := request.EstimateCharge(int64(c.body.EstimateTokens()), mt, c.params.N)
 	c.rl = r.cfg.Limiter.Allow(ratelimit.Request{Tenant: c.caller.Tenant, Model: c.resolved.Target, Band: c.band.String(), Tokens: est})
 	c.rl.Headers(w.Header().Set)
 	if !c.rl.Allowed {
+		c.settled = true // nothing was charged
 		c.ticket.Done()
+		// OpenAI's shape: type "requests" or "tokens", code
+		// rate_limit_exceeded, param null.
 		kind := "requests"
 		if strings.Contains(c.rl.Reason, "token") {
 			kind = "tokens"
 		}
-		return request.TooManyRequests("rate_limit_"+kind,
-			fmt.Sprintf("rate limit reached for tenant %q (%s); retry after %s", c.caller.Tenant, c.rl.Reason, c.rl.RetryAfter.Round(time.Millisecond)),
-			int(math.Ceil(c.rl.RetryAfter.Seconds())))
+		return &request.APIError{Status: http.StatusTooManyRequests, Type: kind, Code: "rate_limit_exceeded",
+			Message:    fmt.Sprintf("Rate limit reached for tenant %q on %s (%s). Please try again in %s.", c.caller.Tenant, kind, c.rl.Reason, c.rl.RetryAfter.Round(time.Millisecond)),
+			RetryAfter: int(math.Ceil(c.rl.RetryAfter.Seconds()))}
 	}
 	return nil
 }

@@ -215,6 +215,15 @@ apiVersion: meridian.dev/v1alpha1
 kind: Tenant
 metadata: {name: docs}
 spec: {maxBand: Standard}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: batch}
+spec: {maxBand: Sheddable}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: intruder}
 `)
 	docs, errs := config.Decode("e2e.yaml", []byte(b.String()))
 	if len(errs) > 0 {
@@ -406,12 +415,13 @@ func TestOverloadThroughBothTiers(t *testing.T) {
 		t.Fatalf("Sheddable at saturated home through Tier-2: %d Retry-After %q %s", r.status, r.header.Get("Retry-After"), r.body)
 	}
 	t.Logf("Tier-2 Sheddable 429 in %s: %s", r.took, r.body)
-	// A tenant without a Tenant object may claim at most Standard.
+	// A tenant whose Tenant object sets no maxBand may claim at most
+	// Standard. (A tenant without a Tenant object is refused: 403.)
 	r = post(p.t2url, map[string]string{"Authorization": p.token("intruder", "Critical")})
 	if r.status != http.StatusOK {
 		t.Fatalf("over-claimed request: %d %s", r.status, r.body)
 	}
-	if got := metric(t, p.t2reg, "meridian_priority_downgrades_total", map[string]string{"tenant": "unknown", "from": "Critical", "to": "Standard"}); got != 1 {
+	if got := metric(t, p.t2reg, "meridian_priority_downgrades_total", map[string]string{"tenant": "intruder", "from": "Critical", "to": "Standard"}); got != 1 {
 		t.Errorf("Tier-2 downgrades %v, want 1", got)
 	}
 	if got := metric(t, p.t1["away"].reg, "meridian_priority_decisions_total", map[string]string{"pool": "m", "band": "Critical"}); got != 1 {

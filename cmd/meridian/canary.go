@@ -70,13 +70,13 @@ func newCanaryCmd() *cobra.Command {
 			"error rate, 429 rate), advances each step that passes, pauses one that is inconclusive and\n" +
 			"aborts one that fails. MODEL is the public model name (or the rewrite's name).",
 		Example: "  meridian canary start support-agent --to support-agent-v4 --steps 5,25,50,100 --interval 10m --etcd 127.0.0.1:2379\n" +
-			"  meridian canary status support-agent --watch --etcd 127.0.0.1:2379 --tier2 http://127.0.0.1:8080\n" +
+			"  meridian canary status support-agent --watch --etcd 127.0.0.1:2379 --tier2 http://127.0.0.1:9090\n" +
 			"  meridian canary abort support-agent --etcd 127.0.0.1:2379",
 	}
 	cmd.PersistentFlags().StringSliceVar(&f.endpoints, "etcd", nil, "etcd endpoints (host:port,...) holding the configuration")
 	cmd.PersistentFlags().StringVar(&f.prefix, "prefix", config.DefaultPrefix, "etcd key prefix")
 	cmd.PersistentFlags().StringVar(&f.dir, "config", "", "directory of YAML configuration to change instead of etcd (local use)")
-	cmd.PersistentFlags().StringSliceVar(&f.tier2, "tier2", nil, "Tier-2 base URLs (http://host:port,...) whose live analysis status shows")
+	cmd.PersistentFlags().StringSliceVar(&f.tier2, "tier2", nil, "Tier-2 admin (--metrics) base URLs (http://host:9090,...) whose live analysis status shows")
 	cmd.AddCommand(canaryStartCmd(&f), canarySetWeightCmd(&f), canaryPromoteCmd(&f), canaryAbortCmd(&f),
 		canaryUndoCmd(&f), canaryStatusCmd(&f), canaryListCmd(&f))
 	return cmd

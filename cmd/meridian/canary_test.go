@@ -463,7 +463,14 @@ func TestCanaryEndToEnd(t *testing.T) {
 					bytes.Contains(b, []byte(`meridian_canary_transitions_total{rewrite="chat",to="Degraded"} 1`))
 			})
 		}
-		out := mustCanary(t, e, "status", "chat", "--json", "--tier2", strings.Join([]string{p.Endpoints["us-east-1"], p.Endpoints["eu-west-1"]}, ","))
+		// The live analysis is on each Tier-2's admin (metrics) listener.
+		var admins []string
+		for _, m := range p.Metrics {
+			if m.Labels["job"] == "meridian-tier2" {
+				admins = append(admins, "http://"+m.Addr)
+			}
+		}
+		out := mustCanary(t, e, "status", "chat", "--json", "--tier2", strings.Join(admins, ","))
 		var sts []canary.Status
 		if err := json.Unmarshal([]byte(out), &sts); err != nil {
 			t.Fatalf("status --json: %v\n%s", err, out)

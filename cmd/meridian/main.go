@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -31,6 +32,7 @@ func (e *exitError) Unwrap() error { return e.err }
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ignoreHangup()
 	root := newRootCmd()
 	err := root.ExecuteContext(ctx)
 	if err == nil {
@@ -42,6 +44,19 @@ func main() {
 		os.Exit(ee.code)
 	}
 	os.Exit(1)
+}
+
+// ignoreHangup keeps SIGHUP from killing the process (its default
+// action): configuration is applied as its files or etcd keys change, so
+// there is nothing for a SIGHUP to reload. Each one is logged.
+func ignoreHangup() {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			slog.Info("SIGHUP ignored: configuration changes are applied as the files or etcd keys change")
+		}
+	}()
 }
 
 func newRootCmd() *cobra.Command {

@@ -22,6 +22,9 @@ type server struct {
 	name string
 	srv  *http.Server
 	ln   net.Listener
+	// abort, when set, is called when a drain's deadline passes, before
+	// the remaining connections are closed.
+	abort func()
 }
 
 // listen binds addr now, so that a port conflict is reported before
@@ -49,16 +52,32 @@ func (s *server) serve(ctx context.Context, log *slog.Logger) error {
 		return fmt.Errorf("%s: %w", s.name, err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
-	defer cancel()
-	if err := s.srv.Shutdown(sctx); err != nil {
-		log.Warn("shutdown did not drain in time; closing", "server", s.name, "error", err)
-		s.srv.Close()
-	}
+	s.drain(log)
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
+}
+
+// drain stops accepting and waits up to drainTimeout for in-flight
+// requests; then abort (if set) ends them with an error event, given a
+// moment to be written, and the rest is closed.
+func (s *server) drain(log *slog.Logger) {
+	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	if err := s.srv.Shutdown(sctx); err == nil {
+		return
+	}
+	log.Warn("shutdown did not drain in time; closing", "server", s.name)
+	if s.abort != nil {
+		s.abort()
+		gctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if s.srv.Shutdown(gctx) == nil {
+			return
+		}
+	}
+	s.srv.Close()
 }
 
 // serveTLS is serve over TLS (HTTP/2 negotiated by ALPN).
@@ -70,12 +89,7 @@ func (s *server) serveTLS(ctx context.Context, log *slog.Logger, cert, key strin
 		return fmt.Errorf("%s: %w", s.name, err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
-	defer cancel()
-	if err := s.srv.Shutdown(sctx); err != nil {
-		log.Warn("shutdown did not drain in time; closing", "server", s.name, "error", err)
-		s.srv.Close()
-	}
+	s.drain(log)
 	<-errc
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
+	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/discovery"
 	"github.com/meridian-router/meridian/tier1/extproc"
@@ -44,6 +45,7 @@ type tier1Flags struct {
 	extproc        string   // ext_proc picker address (empty: off)
 	peers          []string // other replicas' --health addresses
 	promptSamples  bool     // keep redacted prompt samples for the hygiene report
+	identityKey    string   // file of the key Tier-2 signs tenant and band with
 }
 
 func newTier1Cmd() *cobra.Command {
@@ -73,6 +75,7 @@ func newTier1Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.discovery, "discovery", "static", "pod discovery: static (StaticEndpoints only) or kubernetes (also watch pods)")
 	cmd.Flags().StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for --discovery kubernetes (default: in-cluster service account)")
 	cmd.Flags().StringVar(&f.namespace, "namespace", "", "namespace whose pods to watch (default: the kubeconfig's, or this pod's)")
+	cmd.Flags().StringVar(&f.identityKey, "identity-key-file", "", "file of the key Tier-2s sign x-meridian-tenant/x-meridian-band with (same file as tier2's); unsigned tenant or band headers are then refused (empty: trusted unsigned, keep Tier-1 unreachable except from Tier-2)")
 	cmd.Flags().DurationVar(&f.scrapeInterval, "scrape-interval", 50*time.Millisecond, "how often each pod's metrics are polled")
 	cmd.Flags().DurationVar(&f.maxMetricsAge, "max-metrics-age", time.Second, "a pod whose last scrape is older is avoided (all stale: fail open)")
 	cmd.Flags().BoolVar(&f.promptSamples, "prompt-samples", false, "keep a short redacted sample of where each tenant's prompts diverge, for `meridian diagnose prompts` (prompt text leaves the process)")
@@ -106,6 +109,12 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 		Registerer: reg,
 		Logger:     log,
 		Prompts:    prompts,
+	}
+	if f.identityKey != "" {
+		if gcfg.Tier2Key, err = trust.ReadKey(f.identityKey); err != nil {
+			src.close()
+			return nil, &exitError{2, err}
+		}
 	}
 	var exchange *peers.Exchange
 	if len(f.peers) > 0 {

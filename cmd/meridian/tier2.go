@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meridian-router/meridian/aws/cloudwatch"
+	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/tier2"
 )
 
@@ -33,6 +34,8 @@ type tier2Flags struct {
 	canaryPeriod   time.Duration
 	cloudwatch     bool   // export per-Region aggregates to CloudWatch
 	cloudwatchAWS  string // AWS Region of the CloudWatch endpoint
+	identityKey    string // file of the key tenant and band are signed with for Tier-1
+	front          tier2.Config
 }
 
 func newTier2Cmd() *cobra.Command {
@@ -65,6 +68,14 @@ func newTier2Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.cloudwatchAWS, "cloudwatch-region", "", "AWS Region of the CloudWatch endpoint (default: the SDK's: AWS_REGION, shared config)")
 	cmd.Flags().StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS and HTTP/2)")
 	cmd.Flags().StringVar(&f.tlsKey, "tls-key", "", "TLS key file")
+	cmd.Flags().StringVar(&f.identityKey, "identity-key-file", "", "file of the key that signs the tenant and band sent to Tier-1s (same file as tier1's --identity-key-file; empty: sent unsigned)")
+	cmd.Flags().StringVar(&f.front.DefaultTenant, "default-tenant", "", "Tenant whose policy applies to callers whose tenant has no Tenant object (empty: they are refused with 403)")
+	cmd.Flags().BoolVar(&f.front.ExposeUpstream, "expose-upstream", false, "show callers the pod address Tier-1 served from (x-gateway-destination-endpoint-served; debugging only)")
+	cmd.Flags().DurationVar(&f.front.BodyReadTimeout, "body-read-timeout", 30*time.Second, "longest time to receive a request body (408 after it)")
+	cmd.Flags().DurationVar(&f.front.UpstreamHeaderTimeout, "upstream-header-timeout", 60*time.Second, "longest wait for a Tier-1's response headers to a streaming request before failing over (504 when no cluster answers)")
+	cmd.Flags().DurationVar(&f.front.UpstreamResponseTimeout, "upstream-response-timeout", 10*time.Minute, "the same for a non-streaming request, whose headers come with the whole completion")
+	cmd.Flags().DurationVar(&f.front.StreamIdleTimeout, "stream-idle-timeout", 60*time.Second, "end a stream with an error event when its Tier-1 sends nothing for this long")
+	cmd.Flags().IntVar(&f.front.MaxHeaders, "max-headers", 100, "most request header values accepted (431 beyond; header bytes are limited to 64 KiB)")
 	cmd.Flags().DurationVar(&f.canaryPeriod, "canary-period", 5*time.Second, "longest time between two canary analyses (shorter for rollouts with short steps)")
 	return cmd
 }
@@ -96,18 +107,25 @@ func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport
 	}
 	closeSrc := src.close
 	src.close = func() { closeStore(); closeSrc() }
+	front := f.front
+	if f.identityKey != "" {
+		if front.Tier1Key, err = trust.ReadKey(f.identityKey); err != nil {
+			src.close()
+			return nil, &exitError{2, err}
+		}
+	}
 	inst, err := tier2.NewInstance(ctx, tier2.InstanceConfig{
 		Region: f.region, Name: f.name, GossipBind: f.gossipBind, GossipJoin: f.join, GossipProfile: f.gossipProfile,
 		SubscribeAll: f.subscribeAll, InsecureNoAuth: f.insecureNoAuth, ConfigDir: root, Keys: keys,
 		Transport: transport, Registerer: reg, Logger: log, GossipTransport: gt,
-		Canary: tier2.CanaryConfig{Store: store, Period: f.canaryPeriod},
+		Canary: tier2.CanaryConfig{Store: store, Period: f.canaryPeriod}, FrontDoor: front,
 	}, src.Snapshot())
 	if err != nil {
 		src.close()
 		return nil, err
 	}
 	out := &tier2Instance{inst: inst}
-	front, err := listen("tier2", f.listen, inst.Handler())
+	fs, err := listen("tier2", f.listen, inst.Handler())
 	if err != nil {
 		src.close()
 		return nil, err
@@ -116,12 +134,16 @@ func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport
 	protos.SetHTTP1(true)
 	protos.SetHTTP2(true)
 	protos.SetUnencryptedHTTP2(true)
-	front.srv.Protocols = &protos
-	out.servers = append(out.servers, front)
+	fs.srv.Protocols = &protos
+	fs.srv.MaxHeaderBytes = 64 << 10 // 431 beyond
+	fs.abort = inst.Router.Abort     // streams still open at the drain deadline get an error event
+	out.servers = append(out.servers, fs)
 	if f.metrics != "" {
-		ms, err := listen("tier2 metrics", f.metrics, metricsHandler(reg))
+		admin := metricsHandler(reg).(*http.ServeMux)
+		admin.Handle("GET /meridian/canary", inst.AdminHandler())
+		ms, err := listen("tier2 metrics", f.metrics, admin)
 		if err != nil {
-			front.ln.Close()
+			fs.ln.Close()
 			src.close()
 			return nil, err
 		}
@@ -158,7 +180,7 @@ func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport
 			}
 			g.Go(func() error { return s.serve(gctx, log) })
 		}
-		log.Info("tier2 serving", "region", f.region, "listen", front.Addr(), "revision", src.Snapshot().Revision)
+		log.Info("tier2 serving", "region", f.region, "listen", fs.Addr(), "revision", src.Snapshot().Revision)
 		return g.Wait()
 	}
 	return out, nil

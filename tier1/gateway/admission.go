@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/request"
 )
@@ -67,6 +68,27 @@ func (g *Gateway) Band(h http.Header) (tenant string, band priority.Band, err er
 	return tenant, g.tenants.Band(tenant, claim), nil
 }
 
+// trusted checks that x-meridian-tenant and x-meridian-band, when a
+// request carries them, were set by a Tier-2 holding Config.Tier2Key.
+func (g *Gateway) trusted(h http.Header) error {
+	if g.cfg.Tier2Key == nil {
+		return nil
+	}
+	tenant, band := h.Values(HeaderTenant), h.Values(HeaderBand)
+	if len(tenant) == 0 && len(band) == 0 {
+		return nil
+	}
+	err := errors.New("more than one x-meridian-tenant or x-meridian-band")
+	if len(tenant) <= 1 && len(band) <= 1 {
+		err = trust.Verify(g.cfg.Tier2Key, h.Get(trust.Header), h.Get(HeaderTenant), h.Get(HeaderBand), g.cfg.Now())
+	}
+	if err != nil {
+		g.metrics.rejected.WithLabelValues("", "untrusted_identity").Inc()
+		return &request.APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "untrusted_identity", Message: err.Error()}
+	}
+	return nil
+}
+
 // Route admits a parsed request into its pool by band and then decides
 // its pod, like Decide. While the pool is saturated it waits (Standard and
 // Critical, Critical first, fair between tenants) or is refused at once
@@ -75,6 +97,9 @@ func (g *Gateway) Band(h http.Header) (tenant string, band priority.Band, err er
 // returns ctx's error. Call Decision.Release once the request has ended,
 // however it ended, so that the capacity goes to the next waiter.
 func (g *Gateway) Route(ctx context.Context, body *request.Body, meta Meta) (*Decision, error) {
+	if err := g.trusted(meta.Header); err != nil {
+		return nil, err
+	}
 	r, target, adapter, err := g.resolve(body, meta)
 	if err != nil {
 		return nil, err

@@ -88,6 +88,12 @@ type Config struct {
 	// ID and this replica's in-flight count there, for sharing with
 	// replicas (peers.Exchange.PublishInFlight). It must not block.
 	OnInFlight func(pool, endpoint string, count int64)
+	// Tier2Key, when set, is the key Tier-2s sign x-meridian-tenant and
+	// x-meridian-band with (internal/trust): a request that carries either
+	// without a valid x-meridian-signature is refused with 401, so that
+	// only a Tier-2 can claim a tenant's policy or a band. Nil accepts the
+	// headers unsigned (a Tier-1 reachable only by its Tier-2s).
+	Tier2Key []byte
 }
 
 // Gateway holds the live pools and the routing table of one cluster.
@@ -423,6 +429,9 @@ type Meta struct {
 // the status to answer: 404 for an unknown model, 503 when the pool has no
 // usable endpoint.
 func (g *Gateway) Decide(body *request.Body, meta Meta) (*Decision, error) {
+	if err := g.trusted(meta.Header); err != nil {
+		return nil, err
+	}
 	r, target, adapter, err := g.resolve(body, meta)
 	if err != nil {
 		return nil, err

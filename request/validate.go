@@ -1,0 +1,285 @@
+package request
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// ErrInvalidParam is wrapped by every *ParamError.
+var ErrInvalidParam = errors.New("invalid parameter")
+
+// ParamError is a request parameter of the wrong type or out of range.
+// Param names it as OpenAI's errors do ("max_tokens",
+// "stream_options.include_usage").
+type ParamError struct {
+	Param string
+	// Code is OpenAI's: invalid_type or invalid_value.
+	Code    string
+	Message string
+}
+
+func (e *ParamError) Error() string { return e.Message }
+func (e *ParamError) Unwrap() error { return ErrInvalidParam }
+
+// Limits of the parameters Validate checks. MaxOutputTokens is far above
+// any model's context window: it only keeps the token estimates that
+// rate limits charge at admission in range.
+const (
+	MaxOutputTokens = 1 << 24
+	MaxChoices      = 128 // n, best_of
+	MaxTopLogprobs  = 20
+	MaxStop         = 4
+)
+
+// Params are what Validate reads from a body besides what Parse reads.
+// Absent and null fields are zero, except N, which defaults to 1.
+type Params struct {
+	// MaxTokens is max_completion_tokens, or max_tokens when it is absent.
+	MaxTokens int64
+	N         int64
+	Stream    bool
+	// StreamOptions: the body has a non-null "stream_options".
+	StreamOptions bool
+	// IncludeUsage and ContinuousUsage are stream_options.include_usage
+	// and vLLM's stream_options.continuous_usage_stats.
+	IncludeUsage, ContinuousUsage bool
+}
+
+// Validate checks the types and ranges of an OpenAI completion or chat
+// body's sampling and streaming parameters, the way the OpenAI API does,
+// so that a request the model server would refuse is refused before it is
+// admitted and charged. As in Parse, the last of duplicated keys wins:
+// what Validate reads is what a model server reads. It does not check the
+// model or the prompt (Parse does). A refused body returns a *ParamError,
+// or an error wrapping ErrMalformed when it is not a JSON object.
+func Validate(data []byte) (Params, error) {
+	v := validator{s: scanner{b: data}, p: Params{N: 1}}
+	if v.s.peek() != '{' {
+		return Params{}, malformed(v.s.errorf("want a JSON object"))
+	}
+	var maxTokens, maxCompletion int64
+	err := v.s.object(func(key []byte) error {
+		if v.s.peek() == 0 {
+			return v.s.errorf("unexpected end of input")
+		}
+		switch k := string(key); k {
+		case "max_tokens":
+			return v.integer(k, 1, MaxOutputTokens, &maxTokens)
+		case "max_completion_tokens":
+			return v.integer(k, 1, MaxOutputTokens, &maxCompletion)
+		case "n", "best_of":
+			n := int64(0)
+			if err := v.integer(k, 1, MaxChoices, &n); err != nil {
+				return err
+			}
+			if n == 0 {
+				n = 1
+			}
+			if k == "n" {
+				v.p.N = n
+			}
+			return nil
+		case "temperature":
+			return v.float(k, 0, 2)
+		case "top_p":
+			return v.float(k, 0, 1)
+		case "presence_penalty", "frequency_penalty":
+			return v.float(k, -2, 2)
+		case "seed":
+			var seed int64
+			return v.integer(k, math.MinInt64, math.MaxInt64, &seed)
+		case "top_logprobs":
+			var n int64
+			return v.integer(k, 0, MaxTopLogprobs, &n)
+		case "logprobs":
+			// A boolean in chat, an integer in completions.
+			if c := v.s.peek(); c == 't' || c == 'f' {
+				_, err := v.s.boolean()
+				return err
+			}
+			var n int64
+			return v.integer(k, 0, MaxTopLogprobs, &n)
+		case "stream":
+			b, err := v.boolean(k)
+			v.p.Stream = b
+			return err
+		case "stop":
+			return v.stop()
+		case "user":
+			return v.str(k)
+		case "stream_options":
+			return v.streamOptions()
+		}
+		return v.s.skip()
+	})
+	if err != nil {
+		var pe *ParamError
+		if errors.As(err, &pe) {
+			return Params{}, pe
+		}
+		return Params{}, malformed(err)
+	}
+	if v.s.peek() != 0 || v.s.i < len(v.s.b) {
+		return Params{}, malformed(v.s.errorf("trailing data after the JSON object"))
+	}
+	v.p.MaxTokens = maxTokens
+	if maxCompletion > 0 {
+		v.p.MaxTokens = maxCompletion
+	}
+	if v.p.StreamOptions && !v.p.Stream {
+		return Params{}, &ParamError{Param: "stream_options", Code: "invalid_value",
+			Message: `"stream_options" is only allowed when "stream" is true`}
+	}
+	return v.p, nil
+}
+
+type validator struct {
+	s scanner
+	p Params
+}
+
+func typeError(param, want string) *ParamError {
+	return &ParamError{Param: param, Code: "invalid_type", Message: fmt.Sprintf("invalid type for %q: expected %s", param, want)}
+}
+
+// integer reads an integer in [lo, hi] or null (which leaves *dst 0).
+func (v *validator) integer(param string, lo, hi int64, dst *int64) error {
+	s := &v.s
+	switch c := s.peek(); {
+	case c == 'n':
+		*dst = 0
+		return s.literal("null")
+	case c != '-' && (c < '0' || c > '9'):
+		return typeError(param, "an integer")
+	}
+	num, err := s.number()
+	if err != nil {
+		return err
+	}
+	n, err := strconv.ParseInt(string(num), 10, 64)
+	if err != nil {
+		var ne *strconv.NumError
+		if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
+			return &ParamError{Param: param, Code: "invalid_value", Message: fmt.Sprintf("%q must be between %d and %d, got %s", param, lo, hi, num)}
+		}
+		return typeError(param, "an integer")
+	}
+	if n < lo || n > hi {
+		return &ParamError{Param: param, Code: "invalid_value", Message: fmt.Sprintf("%q must be between %d and %d, got %d", param, lo, hi, n)}
+	}
+	*dst = n
+	return nil
+}
+
+// float reads a number in [lo, hi] or null.
+func (v *validator) float(param string, lo, hi float64) error {
+	s := &v.s
+	switch c := s.peek(); {
+	case c == 'n':
+		return s.literal("null")
+	case c != '-' && (c < '0' || c > '9'):
+		return typeError(param, "a number")
+	}
+	num, err := s.number()
+	if err != nil {
+		return err
+	}
+	f, err := strconv.ParseFloat(string(num), 64)
+	if err != nil || f < lo || f > hi {
+		return &ParamError{Param: param, Code: "invalid_value", Message: fmt.Sprintf("%q must be between %g and %g, got %s", param, lo, hi, num)}
+	}
+	return nil
+}
+
+func (v *validator) boolean(param string) (bool, error) {
+	s := &v.s
+	switch s.peek() {
+	case 'n':
+		return false, s.literal("null")
+	case 't', 'f':
+		return s.boolean()
+	}
+	return false, typeError(param, "a boolean")
+}
+
+func (v *validator) str(param string) error {
+	s := &v.s
+	switch s.peek() {
+	case 'n':
+		return s.literal("null")
+	case '"':
+		return s.skipString()
+	}
+	return typeError(param, "a string")
+}
+
+func (v *validator) stop() error {
+	s := &v.s
+	switch s.peek() {
+	case 'n':
+		return s.literal("null")
+	case '"':
+		return s.skipString()
+	case '[':
+		n := 0
+		return s.array(func() error {
+			if n++; n > MaxStop {
+				return &ParamError{Param: "stop", Code: "invalid_value", Message: fmt.Sprintf(`"stop" takes at most %d sequences`, MaxStop)}
+			}
+			if s.peek() != '"' {
+				return typeError("stop", "a string or an array of strings")
+			}
+			return s.skipString()
+		})
+	}
+	return typeError("stop", "a string or an array of strings")
+}
+
+func (v *validator) streamOptions() error {
+	s := &v.s
+	v.p.StreamOptions, v.p.IncludeUsage, v.p.ContinuousUsage = false, false, false
+	switch s.peek() {
+	case 'n':
+		return s.literal("null")
+	case '{':
+	default:
+		return typeError("stream_options", "an object")
+	}
+	v.p.StreamOptions = true
+	return s.object(func(key []byte) error {
+		switch string(key) {
+		case "include_usage":
+			b, err := v.boolean("stream_options.include_usage")
+			v.p.IncludeUsage = b
+			return err
+		case "continuous_usage_stats":
+			b, err := v.boolean("stream_options.continuous_usage_stats")
+			v.p.ContinuousUsage = b
+			return err
+		}
+		return s.skip()
+	})
+}
+
+// EstimateCharge is the token estimate rate limits charge at admission:
+// the prompt plus n times the output allowance, saturating at MaxInt64
+// (the operands are caller-supplied).
+func EstimateCharge(prompt, maxTokens, n int64) int64 {
+	out, overflow := mulSat(maxTokens, max(n, 1))
+	if overflow || prompt > math.MaxInt64-out {
+		return math.MaxInt64
+	}
+	return prompt + out
+}
+
+func mulSat(a, b int64) (int64, bool) {
+	if a <= 0 || b <= 0 {
+		return 0, false
+	}
+	if a > math.MaxInt64/b {
+		return math.MaxInt64, true
+	}
+	return a * b, false
+}

@@ -1,0 +1,65 @@
+package gateway_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/meridian-router/meridian/internal/trust"
+	"github.com/meridian-router/meridian/request"
+	"github.com/meridian-router/meridian/tier1/gateway"
+)
+
+// With a Tier2Key, x-meridian-tenant and x-meridian-band are accepted only
+// with a valid signature from a Tier-2: a caller that reaches Tier-1
+// directly cannot claim another tenant's policy or a band.
+func TestTenantHeadersMustBeSigned(t *testing.T) {
+	key := bytes.Repeat([]byte("k"), 32)
+	gw, eps, _ := newGateway(t, gateway.Config{Tier2Key: key}, "")
+	load(gw, eps, map[string]int{"a": 0, "b": 0})
+	now := time.Now()
+	signed := func(tenant, band string, at time.Time) http.Header {
+		h := header("x-meridian-tenant", tenant, "x-meridian-band", band)
+		h.Set(trust.Header, trust.Sign(key, tenant, band, at))
+		return h
+	}
+	forged := signed("docs", "Standard", now)
+	forged.Set("x-meridian-band", "Critical") // signature over Standard
+	other := header("x-meridian-tenant", "docs", "x-meridian-band", "Critical")
+	other.Set(trust.Header, trust.Sign(bytes.Repeat([]byte("x"), 32), "docs", "Critical", now))
+	cases := []struct {
+		name string
+		h    http.Header
+		ok   bool
+	}{
+		{"signed", signed("docs", "Critical", now), true},
+		{"no identity headers (GIE)", header("x-gateway-inference-objective", "-1"), true},
+		{"unsigned tenant", header("x-meridian-tenant", "docs"), false},
+		{"unsigned band", header("x-meridian-band", "Critical"), false},
+		{"band changed after signing", forged, false},
+		{"another key", other, false},
+		{"stale signature", signed("docs", "Critical", now.Add(-trust.MaxAge-time.Minute)), false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := gw.Route(context.Background(), body, gateway.Meta{Header: tc.h, Bytes: 100})
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				d.Release()
+				return
+			}
+			var ae *request.APIError
+			if !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized || ae.Code != "untrusted_identity" {
+				t.Fatalf("Route = %v, want 401 untrusted_identity", err)
+			}
+			if _, err := gw.Decide(body, gateway.Meta{Header: tc.h}); !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized {
+				t.Fatalf("Decide = %v, want 401", err)
+			}
+		})
+	}
+}

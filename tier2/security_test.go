@@ -1,0 +1,617 @@
+package tier2
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/trust"
+	"github.com/meridian-router/meridian/ratelimit"
+	"github.com/meridian-router/meridian/regions"
+	"github.com/meridian-router/meridian/sim"
+)
+
+// door is a front door over real upstreams (simulated pods or HTTP
+// servers standing in for Tier-1), with a real limiter.
+type door struct {
+	url     string
+	r       *Router
+	key     testKey
+	m       *Metrics
+	handled chan struct{} // one value per request the router finished
+}
+
+// doorConfig: clusters c1 (and c2 when two upstreams) serve chat-model;
+// tenant "team" has ample limits, "tight" one request a minute,
+// "claims-team" may call chat-model only.
+func doorConfig(upstreams ...string) string {
+	var b strings.Builder
+	b.WriteString("apiVersion: meridian.dev/v1alpha1\nkind: Topology\nmetadata: {name: t}\nspec:\n  regions:\n  - name: r1\n    clusters:\n")
+	for i, u := range upstreams {
+		fmt.Fprintf(&b, "    - {name: c%d, tier1: %q}\n", i+1, u)
+	}
+	for i := range upstreams {
+		fmt.Fprintf(&b, `---
+apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: c%d}
+spec:
+  region: r1
+  cluster: c%d
+  bbr: {enabled: true}
+  schedulers:
+  - name: chat
+    modelName: chat-model
+    modelSelector: {matchLabels: {pool: chat}}
+  - name: other
+    modelName: other-model
+    modelSelector: {matchLabels: {pool: other}}
+`, i+1, i+1)
+	}
+	b.WriteString(`---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: claims-team}
+spec:
+  models: [chat-model]
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: team}
+spec:
+  limits:
+    requests: {limit: 1000000, per: 1m}
+    tokens: {limit: 1000000000, per: 1m}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: tight}
+spec:
+  limits:
+    requests: {limit: 1, per: 1m}
+`)
+	return b.String()
+}
+
+func newDoor(t *testing.T, mod func(*Config), upstreams ...string) *door {
+	t.Helper()
+	docs, errs := config.Decode("door.yaml", []byte(doorConfig(upstreams...)))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	snap, err := config.Build(docs, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ecK, _ := newKeys(t)
+	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range upstreams {
+		for _, model := range []string{"chat-model", "other-model"} {
+			fleet.Digests().Put(regions.Digest{Region: "r1", Cluster: fmt.Sprintf("c%d", i+1), Pool: model, Model: model, ReadyPods: 1, TotalPods: 1,
+				Headroom: float64(len(upstreams) - i), Version: 1, Produced: time.Now()})
+		}
+	}
+	lim, err := ratelimit.New(ratelimit.DefaultConfig("door"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics(nil)
+	cfg := Config{Region: "r1", Fleet: fleet, Limiter: lim, Metrics: m,
+		Auth:   NewAuthenticator(jwtCfg, StaticKeySet(jwk(ecK)), time.Minute, nil),
+		Logger: slog.New(slog.DiscardHandler)}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := NewRouter(cfg, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &door{r: r, key: ecK, m: m, handled: make(chan struct{}, 64)}
+	h := r.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		defer func() { d.handled <- struct{}{} }()
+		h.ServeHTTP(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	d.url = srv.URL
+	return d
+}
+
+func (d *door) token(t *testing.T, tenant string, edit func(jwt.MapClaims)) string {
+	c := goodClaims()
+	c["tenant"] = tenant
+	c["iat"] = time.Now().Add(-time.Minute).Unix()
+	c["exp"] = time.Now().Add(time.Hour).Unix()
+	delete(c, "criticality")
+	if edit != nil {
+		edit(c)
+	}
+	return "Bearer " + sign(t, d.key, c)
+}
+
+func (d *door) post(t *testing.T, ctx context.Context, tok, path, body string, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.url+path, strings.NewReader(body))
+	if tok != "" {
+		req.Header.Set("Authorization", tok)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func (d *door) charged(tenant string) float64 {
+	var m dto.Metric
+	d.m.charged.WithLabelValues(tenant).Write(&m)
+	return m.GetCounter().GetValue()
+}
+
+type apiErr struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+func readErr(t *testing.T, resp *http.Response, status int) apiErr {
+	t.Helper()
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d: %s", resp.StatusCode, status, b)
+	}
+	var raw map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatalf("not an OpenAI error: %s", b)
+	}
+	for _, k := range []string{"message", "type", "param", "code"} {
+		if _, ok := raw["error"][k]; !ok {
+			t.Fatalf("error body lacks %q: %s", k, b)
+		}
+	}
+	var e apiErr
+	json.Unmarshal(b, &e)
+	return e
+}
+
+// simTokens counts the simulator's output tokens in text: its token i is
+// the i-th of these words, cyclically (sim/openai.go).
+func simTokens(t *testing.T, text string) int64 {
+	words := []string{" The", " sim", "ulated", " model", " is", " answering", " your", " request", "."}
+	n := int64(0)
+	for len(text) > 0 {
+		w := words[n%int64(len(words))]
+		if !strings.HasPrefix(text, w) {
+			t.Fatalf("unexpected simulated text at token %d: %.20q", n, text)
+		}
+		text = text[len(w):]
+		n++
+	}
+	return n
+}
+
+func startSim(t *testing.T) *sim.LivePod {
+	t.Helper()
+	prof, err := sim.LookupProfile("h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := sim.StartPods(t.Context(), sim.PodSpec{Pod: sim.PodConfig{Name: "p", Profile: prof, Model: "chat-model"}, TimeScale: 5}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pods[0].Close() })
+	return pods[0]
+}
+
+// A stream is charged what it delivered: the prompt plus every output
+// token relayed, however it ends and whatever the body says about usage.
+// On today's main each of these was charged about its prompt only.
+func TestStreamChargedWhatWasDelivered(t *testing.T) {
+	pod := startSim(t)
+	const prompt = `"messages":[{"role":"user","content":"Tell me a long story about routers, please."}]`
+	cases := []struct {
+		name, body string
+		stopAfter  int64 // disconnect after this many tokens (0: read to the end)
+		wantUsage  bool  // the caller asked for the usage chunk
+	}{
+		{"no usage asked", `{"model":"chat-model","stream":true,"max_tokens":1000,` + prompt + `}`, 0, false},
+		{"caller disconnects", `{"model":"chat-model","stream":true,"max_tokens":1000,` + prompt + `}`, 500, false},
+		{"decoy nested include_usage", `{"model":"chat-model","stream":true,"max_tokens":1000,"x":{"include_usage":true},` + prompt + `}`, 0, false},
+		{"repeated stream_options", `{"model":"chat-model","stream":true,"max_tokens":1000,"stream_options":{"include_usage":true},"stream_options":{"include_usage":false},` + prompt + `}`, 0, false},
+		{"spaced include_usage keeps the usage chunk", `{"model":"chat-model","stream":true,"max_tokens":1000,"stream_options" : {"include_usage" : true},` + prompt + `}`, 0, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d := newDoor(t, nil, pod.URL())
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			resp := d.post(t, ctx, d.token(t, "team", nil), "/v1/chat/completions", tc.body, nil)
+			if resp.StatusCode != 200 {
+				b, _ := io.ReadAll(resp.Body)
+				t.Fatalf("status %d: %s", resp.StatusCode, b)
+			}
+			var text strings.Builder
+			var usage *struct{ PromptTokens, CompletionTokens, TotalTokens int64 }
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				line, ok := strings.CutPrefix(sc.Text(), "data: ")
+				if !ok || line == "[DONE]" {
+					continue
+				}
+				var ev struct {
+					Choices []struct {
+						Delta struct{ Content string }
+					}
+					Usage json.RawMessage
+				}
+				if err := json.Unmarshal([]byte(line), &ev); err != nil {
+					t.Fatalf("bad event %q: %v", line, err)
+				}
+				if len(ev.Choices) > 0 && ev.Usage != nil {
+					t.Fatalf("per-chunk usage the caller did not ask for reached it: %s", line)
+				}
+				if len(ev.Choices) == 0 && ev.Usage != nil {
+					usage = &struct{ PromptTokens, CompletionTokens, TotalTokens int64 }{}
+					var u map[string]int64
+					json.Unmarshal(ev.Usage, &u)
+					usage.PromptTokens, usage.CompletionTokens, usage.TotalTokens = u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]
+				}
+				for _, c := range ev.Choices {
+					text.WriteString(c.Delta.Content)
+				}
+				if tc.stopAfter > 0 && simTokens(t, text.String()) >= tc.stopAfter {
+					cancel()
+					break
+				}
+			}
+			resp.Body.Close()
+			<-d.handled
+			delivered := simTokens(t, text.String())
+			if tc.stopAfter == 0 && delivered != 1000 {
+				t.Fatalf("delivered %d tokens, want 1000", delivered)
+			}
+			if tc.wantUsage != (usage != nil) {
+				t.Fatalf("usage chunk relayed = %v, caller asked = %v", usage != nil, tc.wantUsage)
+			}
+			if usage != nil && usage.CompletionTokens != delivered {
+				t.Fatalf("usage says %d completion tokens, %d delivered", usage.CompletionTokens, delivered)
+			}
+			// The prompt is 11 words of text: the simulator counts 4
+			// characters a token, as Tier-2 estimates.
+			promptTokens := float64(len("Tell me a long story about routers, please.")+3) / 4
+			output := d.charged("team") - float64(int64(promptTokens))
+			if output < float64(delivered) || output > 1.02*float64(delivered) {
+				t.Fatalf("charged %.0f output tokens (total %.0f) for %d delivered: want within 2%%", output, d.charged("team"), delivered)
+			}
+		})
+	}
+}
+
+// Parameters of the wrong type or out of range are refused with a 400
+// naming the param before admission: nothing is charged (the "tight"
+// tenant's one request a minute is still there afterwards).
+func TestValidatedBeforeCharge(t *testing.T) {
+	pod := startSim(t)
+	d := newDoor(t, nil, pod.URL())
+	tok := d.token(t, "tight", nil)
+	for _, tc := range []struct{ body, param string }{
+		{`{"model":"chat-model","prompt":"x","max_tokens":9223372036854775807}`, "max_tokens"},
+		{`{"model":"chat-model","prompt":"x","max_tokens":"5"}`, "max_tokens"},
+		{`{"model":"chat-model","prompt":"x","max_tokens":1.5}`, "max_tokens"},
+		{`{"model":"chat-model","prompt":"x","max_tokens":-5}`, "max_tokens"},
+		{`{"model":"chat-model","prompt":"x","n":1000}`, "n"},
+		{`{"model":"chat-model","prompt":"x","temperature":"hot"}`, "temperature"},
+		{`{"model":"chat-model","prompt":"x","top_p":2}`, "top_p"},
+		{`{"model":"chat-model","prompt":"x","stream_options":{"include_usage":true}}`, "stream_options"},
+	} {
+		e := readErr(t, d.post(t, t.Context(), tok, "/v1/completions", tc.body, nil), 400)
+		if e.Error.Param == nil || *e.Error.Param != tc.param || e.Error.Type != "invalid_request_error" {
+			t.Fatalf("%s: error %+v, want param %q", tc.body, e.Error, tc.param)
+		}
+		<-d.handled
+	}
+	resp := d.post(t, t.Context(), tok, "/v1/completions", `{"model":"chat-model","prompt":"x","max_tokens":2}`, nil)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("a valid request after refused ones: %d %s (were the refused ones charged?)", resp.StatusCode, b)
+	}
+	<-d.handled
+	// The next one is over the limit: a 429 in OpenAI's shape.
+	e := readErr(t, d.post(t, t.Context(), tok, "/v1/completions", `{"model":"chat-model","prompt":"x","max_tokens":2}`, nil), 429)
+	if e.Error.Type != "requests" || e.Error.Code == nil || *e.Error.Code != "rate_limit_exceeded" || e.Error.Param != nil {
+		t.Fatalf("429 body %+v, want type requests, code rate_limit_exceeded, param null", e.Error)
+	}
+}
+
+// A token whose tenant has no Tenant object is refused, unless a default
+// tenant is configured on purpose.
+func TestUnknownTenantRefused(t *testing.T) {
+	d := newDoor(t, nil, "http://127.0.0.1:1")
+	body := `{"model":"chat-model","prompt":"x"}`
+	e := readErr(t, d.post(t, t.Context(), d.token(t, "ghost", nil), "/v1/completions", body, nil), 403)
+	if *e.Error.Code != "unknown_tenant" || e.Error.Type != "permission_error" {
+		t.Fatalf("unknown tenant: %+v", e.Error)
+	}
+	req, _ := http.NewRequest(http.MethodGet, d.url+"/v1/models", nil)
+	req.Header.Set("Authorization", d.token(t, "ghost", nil))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readErr(t, resp, 403)
+
+	// With a default tenant, the unknown tenant gets its policy: here
+	// claims-team's, which allows chat-model only.
+	d = newDoor(t, func(c *Config) { c.DefaultTenant = "claims-team" }, "http://127.0.0.1:1")
+	e = readErr(t, d.post(t, t.Context(), d.token(t, "ghost", nil), "/v1/completions", `{"model":"other-model","prompt":"x"}`, nil), 403)
+	if *e.Error.Code != "model_not_allowed" {
+		t.Fatalf("default tenant's allow-list not applied: %+v", e.Error)
+	}
+}
+
+// recorder stands in for a Tier-1: it records what reached it and answers
+// like a model server.
+type recorder struct {
+	mu   sync.Mutex
+	hdr  http.Header
+	body []byte
+}
+
+func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	rec.mu.Lock()
+	rec.hdr, rec.body = r.Header.Clone(), b
+	rec.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Gateway-Destination-Endpoint-Served", "10.1.2.3:8000")
+	w.Write([]byte(`{"id":"cmpl-1","object":"text_completion","model":"chat-model","choices":[{"index":0,"text":"hi"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`))
+}
+
+// Headers only Meridian may set are stripped from callers; the tenant and
+// band Tier-2 sends are signed; pod addresses do not reach callers.
+func TestInternalHeadersStripped(t *testing.T) {
+	rec := &recorder{}
+	up := httptest.NewServer(rec)
+	defer up.Close()
+	key := bytes.Repeat([]byte("k"), 32)
+	d := newDoor(t, func(c *Config) { c.Tier1Key = key }, up.URL)
+	resp := d.post(t, t.Context(), d.token(t, "team", nil), "/v1/completions", `{"model":"chat-model","prompt":"x"}`, map[string]string{
+		"X-Gateway-Model-Name":             "other-model",
+		"X-Gateway-Base-Model-Name":        "other-model",
+		"x-gateway-destination-endpoint":   "10.9.9.9:8000",
+		"X-Meridian-Tenant":                "claims-team",
+		"X-Meridian-Band":                  "Critical",
+		"X-Meridian-Signature":             "1.forged",
+		"X-Gateway-Inference-Objective":    "critical",
+		"X-Gateway-Inference-Fairness-Id":  "claims-team",
+		"X-Meridian-Anything-Else":         "x",
+		"X-Caller-Header-Passes-Unchanged": "yes",
+	})
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	<-d.handled
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if v := resp.Header.Get("X-Gateway-Destination-Endpoint-Served"); v != "" {
+		t.Fatalf("pod address shown to the caller: %s", v)
+	}
+	rec.mu.Lock()
+	got := rec.hdr
+	rec.mu.Unlock()
+	for k, vs := range got {
+		lk := strings.ToLower(k)
+		switch lk {
+		case "x-meridian-tenant", "x-meridian-band", "x-meridian-signature", "x-gateway-inference-fairness-id":
+			if len(vs) != 1 {
+				t.Fatalf("%s reached Tier-1 %d times: %q", k, len(vs), vs)
+			}
+			continue
+		}
+		if strings.HasPrefix(lk, "x-gateway-") || strings.HasPrefix(lk, "x-meridian-") {
+			t.Fatalf("caller's %s: %q reached Tier-1", k, vs)
+		}
+	}
+	if got.Get("X-Meridian-Tenant") != "team" || got.Get("X-Gateway-Inference-Fairness-Id") != "team" || got.Get("X-Meridian-Band") != "Standard" {
+		t.Fatalf("identity sent to Tier-1: %v", got)
+	}
+	if got.Get("X-Caller-Header-Passes-Unchanged") != "yes" {
+		t.Fatal("an ordinary caller header was dropped")
+	}
+	if err := trust.Verify(key, got.Get(trust.Header), "team", "Standard", time.Now()); err != nil {
+		t.Fatalf("signature Tier-1 would check: %v", err)
+	}
+
+	// With the debug option the pod address is shown.
+	d = newDoor(t, func(c *Config) { c.ExposeUpstream = true }, up.URL)
+	resp = d.post(t, t.Context(), d.token(t, "team", nil), "/v1/completions", `{"model":"chat-model","prompt":"x"}`, nil)
+	resp.Body.Close()
+	if resp.Header.Get("X-Gateway-Destination-Endpoint-Served") == "" {
+		t.Fatal("ExposeUpstream did not show the pod address")
+	}
+}
+
+// hang answers nothing until the request ends: a stopped Tier-1 or a hung
+// pod.
+func hang(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body) // then the server notices the request end
+	<-r.Context().Done()
+}
+
+// No response headers within the timeout: the next cluster is tried, and
+// when none answers the caller gets a 504.
+func TestUpstreamHeaderTimeout(t *testing.T) {
+	hung := httptest.NewServer(http.HandlerFunc(hang))
+	defer hung.Close()
+	rec := &recorder{}
+	ok := httptest.NewServer(rec)
+	defer ok.Close()
+	short := func(c *Config) {
+		c.UpstreamHeaderTimeout, c.UpstreamResponseTimeout = 50*time.Millisecond, 50*time.Millisecond
+	}
+
+	d := newDoor(t, short, hung.URL, ok.URL)
+	resp := d.post(t, t.Context(), d.token(t, "team", nil), "/v1/completions", `{"model":"chat-model","prompt":"x"}`, nil)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("x-meridian-cluster") != "c2" {
+		t.Fatalf("status %d from %q: want 200 from c2 after c1 timed out", resp.StatusCode, resp.Header.Get("x-meridian-cluster"))
+	}
+
+	d = newDoor(t, short, hung.URL)
+	e := readErr(t, d.post(t, t.Context(), d.token(t, "team", nil), "/v1/completions", `{"model":"chat-model","prompt":"x"}`, nil), 504)
+	if *e.Error.Code != "upstream_timeout" {
+		t.Fatalf("504 body %+v", e.Error)
+	}
+}
+
+// A stream whose Tier-1 goes quiet ends with an error event.
+func TestStreamIdleTimeout(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Write([]byte(`data: {"id":"c","model":"chat-model","choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\n"))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	defer up.Close()
+	d := newDoor(t, func(c *Config) { c.StreamIdleTimeout = 50 * time.Millisecond }, up.URL)
+	resp := d.post(t, t.Context(), d.token(t, "team", nil), "/v1/chat/completions",
+		`{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	<-d.handled
+	if !bytes.Contains(b, []byte(`"content":"hi"`)) || !bytes.Contains(b, []byte(`"code":"stream_idle_timeout"`)) {
+		t.Fatalf("stream: %s", b)
+	}
+	if d.charged("team") < 2 {
+		t.Fatalf("charged %.0f: the relayed chunk was not counted", d.charged("team"))
+	}
+}
+
+// Abort (a drain's deadline) ends open streams with an error event.
+func TestAbortEndsStreamsWithErrorEvent(t *testing.T) {
+	started := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Write([]byte(`data: {"id":"c","model":"chat-model","choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\n"))
+		w.(http.Flusher).Flush()
+		close(started)
+		<-r.Context().Done()
+	}))
+	defer up.Close()
+	d := newDoor(t, nil, up.URL)
+	resp := d.post(t, t.Context(), d.token(t, "team", nil), "/v1/chat/completions",
+		`{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
+	<-started
+	d.r.Abort()
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !bytes.Contains(b, []byte(`"code":"shutting_down"`)) {
+		t.Fatalf("stream cut without an error event: %s", b)
+	}
+}
+
+// A body that does not arrive within BodyReadTimeout gets a 408; too many
+// header values a 431.
+func TestRequestReadLimits(t *testing.T) {
+	d := newDoor(t, func(c *Config) { c.BodyReadTimeout = 50 * time.Millisecond }, "http://127.0.0.1:1")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(d.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\nContent-Length: 1000000000\r\n\r\n{\"model\":", d.token(t, "team", nil))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := readErr(t, resp, 408)
+	if *e.Error.Code != "request_timeout" {
+		t.Fatalf("408 body %+v", e.Error)
+	}
+
+	hdr := map[string]string{}
+	for i := range 150 {
+		hdr[fmt.Sprintf("X-Pad-%d", i)] = "x"
+	}
+	readErr(t, d.post(t, t.Context(), d.token(t, "team", nil), "/v1/completions", `{"model":"chat-model","prompt":"x"}`, hdr), 431)
+}
+
+// Every route but /healthz and /readyz authenticates; /v1/models lists the
+// caller's models only; unrouted endpoints are 404 and not charged.
+func TestRoutesAuthenticate(t *testing.T) {
+	d := newDoor(t, nil, "http://127.0.0.1:1")
+	get := func(path, tok string) *http.Response {
+		req, _ := http.NewRequest(http.MethodGet, d.url+path, nil)
+		if tok != "" {
+			req.Header.Set("Authorization", tok)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	for _, p := range []string{"/v1/models", "/v1/models/chat-model", "/meridian/canary", "/v1/nope"} {
+		readErr(t, get(p, ""), 401)
+	}
+	for _, p := range []string{"/healthz"} {
+		resp := get(p, "")
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s without a token: %d", p, resp.StatusCode)
+		}
+	}
+	list := func(tenant string) []string {
+		resp := get("/v1/models", d.token(t, tenant, nil))
+		defer resp.Body.Close()
+		var v struct{ Data []struct{ ID string } }
+		json.NewDecoder(resp.Body).Decode(&v)
+		var ids []string
+		for _, m := range v.Data {
+			ids = append(ids, m.ID)
+		}
+		return ids
+	}
+	if got := list("claims-team"); len(got) != 1 || got[0] != "chat-model" {
+		t.Fatalf("claims-team sees %v, want [chat-model]", got)
+	}
+	if got := list("team"); len(got) != 2 {
+		t.Fatalf("team sees %v, want both models", got)
+	}
+	readErr(t, get("/v1/models/other-model", d.token(t, "claims-team", nil)), 404)
+	readErr(t, d.post(t, t.Context(), d.token(t, "team", nil), "/v1/embeddings", `{"model":"chat-model","input":"x"}`, nil), 404)
+	if c := d.charged("team"); c != 0 {
+		t.Fatalf("an unrouted endpoint was charged %.0f tokens", c)
+	}
+}
