@@ -230,10 +230,10 @@ func Run(s Scenario) (*Result, error) {
 		t1 := sched.Dispatch(ep, req, at)
 		pod := pods[slot[ep]]
 		onPod(pod)
-		e.Submit(pod, r, func(o sim.Outcome) {
-			if ttft := o.TTFT(); ttft >= 0 {
-				t1.FirstToken(ttft)
-			}
+		sent := e.Now()
+		// The scheduler learns each first token when it happens, as a live
+		// Tier-1 does (its prefill backlog clears then, not at the end).
+		e.SubmitFirst(pod, r, func() { t1.FirstToken(e.Now() - sent) }, func(o sim.Outcome) {
 			t1.Done()
 			tk.Done()
 			if o.Err != nil || *cancelled {
