@@ -502,7 +502,7 @@ func observed(t *testing.T, p *Platform, e *configtest.Etcd, requests int64) can
 	t.Helper()
 	var st canary.Status
 	eventually(t, fmt.Sprintf("status shows a cohort of %d requests", requests), func() bool {
-		out := mustCanary(t, e, "status", "chat", "--json", "--tier2", p.Endpoints["us-east-1"]+","+p.Endpoints["eu-west-1"])
+		out := mustCanary(t, e, "status", "chat", "--json", "--tier2", tier2Admins(p))
 		var sts []canary.Status
 		if err := json.Unmarshal([]byte(out), &sts); err != nil {
 			t.Fatalf("status --json: %v\n%s", err, out)
@@ -535,7 +535,7 @@ func setStickiness(t *testing.T, e *configtest.Etcd, sk config.Stickiness) {
 // TestCanaryEndToEnd's platform.
 func observedCohort(t *testing.T, p *Platform, e *configtest.Etcd) {
 	ctx := context.Background()
-	tier2s := p.Endpoints["us-east-1"] + "," + p.Endpoints["eu-west-1"]
+	tier2s := tier2Admins(p)
 	// measuring waits until both Tier-2s measure the rollout's current
 	// state, so that every request sent afterwards is counted.
 	measuring := func() {
@@ -699,4 +699,16 @@ spec:
 			t.Fatalf("refresh %d: %+v", i, sts)
 		}
 	}
+}
+
+// tier2Admins lists the Tier-2s' admin (metrics) listeners, where the live
+// canary analysis is served, for `canary status --tier2`.
+func tier2Admins(p *Platform) string {
+	var admins []string
+	for _, m := range p.Metrics {
+		if m.Labels["job"] == "meridian-tier2" {
+			admins = append(admins, "http://"+m.Addr)
+		}
+	}
+	return strings.Join(admins, ",")
 }

@@ -133,6 +133,10 @@ spec:
   limits:
     requests: {limit: 2, per: 1h, burst: 2}
 `
+	// The prompt-hygiene test's three teams (unknown tenants are refused).
+	for _, tenant := range []string{"prompt-a", "prompt-b", "prompt-c"} {
+		cfg += "---\napiVersion: meridian.dev/v1alpha1\nkind: Tenant\nmetadata: {name: " + tenant + "}\nspec: {maxBand: Standard}\n"
+	}
 	if err := os.WriteFile(filepath.Join(dir, "platform.yaml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
