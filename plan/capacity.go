@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/meridian-router/meridian/replay"
 	"github.com/meridian-router/meridian/sim"
 )
@@ -643,22 +645,14 @@ func better(costA float64, podsA int, costB float64, podsB int) bool {
 const sloAttainment = 0.99
 
 // parallel runs f(0..n-1) on up to GOMAXPROCS goroutines and returns the
-// first error in index order.
+// first error.
 func parallel(n int, f func(i int) error) error {
-	errs := make([]error, n)
-	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
 	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			errs[i] = f(i)
-		}()
+		g.Go(func() error { return f(i) })
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return g.Wait()
 }
 
 func sum(xs []int) int {
