@@ -30,18 +30,31 @@ func hygienePrompt() string {
 }
 
 // reorderedTool is a tool schema whose keys a client library emits in a
-// different order on each call.
+// different order on each call. No order repeats within 90 calls: the
+// first key changes on every call, and the pair of the first two keys is
+// new each time, so every prompt diverges from the earlier ones within
+// its first two keys (a cyclic rotation would repeat every 10 calls, and
+// a Tier-1 that saw calls i and i+10 but few in between would find a
+// match).
 func reorderedTool(call int) string {
 	kv := []string{`"name":"lookup_order"`, `"description":"Find an order by number; return status and items."`,
 		`"strict":true`, `"type":"function"`, `"parameters":{"type":"object","properties":{"order":{"type":"string"}}}`,
 		`"required":["order"]`, `"owner":"orders-team"`, `"version":"2024-06-01"`, `"timeout":30`, `"idempotent":true`}
+	n := len(kv)
+	first, second := call%n, (call%n+1+(call/n)%(n-1))%n
+	order := []int{first, second}
+	for i := range n {
+		if k := (first + i) % n; k != first && k != second {
+			order = append(order, k)
+		}
+	}
 	var b strings.Builder
 	b.WriteString("Tools:\n{")
-	for i := range kv {
+	for i, k := range order {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString(kv[(i+call)%len(kv)])
+		b.WriteString(kv[k])
 	}
 	b.WriteString("}\n")
 	return b.String()
@@ -63,6 +76,14 @@ func TestDiagnosePromptsEndToEnd(t *testing.T) {
 	}
 	models := []string{"chat-v1", "fast"} // chat-v1 is served by use1 only, fast by both clusters
 	const perTenantAndModel = 40
+	seen := map[string]bool{}
+	for i := range perTenantAndModel {
+		if tool := reorderedTool(i); seen[tool] {
+			t.Fatalf("reorderedTool(%d) repeats an earlier order: C's prompts would hit the cache", i)
+		} else {
+			seen[tool] = true
+		}
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, len(system)*len(models))
 	for tenant, sys := range system {

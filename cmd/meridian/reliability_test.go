@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+
 	"github.com/meridian-router/meridian/sim"
 )
 
@@ -136,7 +138,11 @@ func TestReliability(t *testing.T) {
 		c := client(p, "us-east-1", p.Token)
 		for i := range 8 {
 			if _, err := c.Chat.Completions.New(ctx, ask("fast")); err != nil {
-				t.Fatalf("non-streaming request %d while use1's pods crash: %v", i, err)
+				var apiErr *openai.Error
+				if errors.As(err, &apiErr) {
+					err = fmt.Errorf("%w: %s", err, apiErr.RawJSON())
+				}
+				t.Fatalf("non-streaming request %d while use1's pods crash: %v\nfleet: %+v", i, err, p.fleets["us-east-1"].Status())
 			}
 		}
 	})

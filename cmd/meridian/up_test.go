@@ -154,7 +154,21 @@ spec:
 			t.Errorf("platform stopped with: %v", err)
 		}
 	})
-	// Ready when both Tier-2s know both clusters' pools.
+	// Ready when both Tier-2s hold fresh digests of every pool with all its
+	// pods ready (tests that fail one cluster need the other one to be a
+	// candidate already), and answer for every model.
+	want := map[string]int{"use1/fast": 2, "euw1/fast": 2, "use1/chat-v1": 1, "euw1/chat-v2": 1}
+	for _, region := range p.Regions {
+		eventually(t, region+" Tier-2 holds every pool's digest with its pods ready", func() bool {
+			ready := 0
+			for _, d := range p.fleets[region].Digests().Digests() {
+				if n, ok := want[d.Cluster+"/"+d.Model]; ok && d.ReadyPods >= n {
+					ready++
+				}
+			}
+			return ready == len(want)
+		})
+	}
 	for _, region := range p.Regions {
 		eventually(t, region+" Tier-2 ready with both Regions' digests", func() bool {
 			c := client(p, region, p.Token)
