@@ -13,7 +13,7 @@ import (
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/ratelimit"
 	"github.com/meridian-router/meridian/tier2/gossip"
-	"github.com/meridian-router/meridian/tier2/gossip/gossiptest"
+	"github.com/meridian-router/meridian/tier2/gossip/faultnet"
 )
 
 // These tests run Limiters over real memberlist nodes on loopback, one per
@@ -157,7 +157,7 @@ func startGossipCluster(t *testing.T, n int, oneWay time.Duration, tenants map[s
 			ProbeTimeout:  100 * time.Millisecond,
 		})
 	}
-	c.nodes = gossiptest.NewNetwork().Start(t, cfgs...)
+	c.nodes = faultnet.NewNetwork().Start(t, cfgs...)
 	return c
 }
 

@@ -6,7 +6,7 @@
 //
 // Meridian's peers exchange demand over real memberlist nodes
 // (tier2/gossip) whose transport delays packets between Regions
-// (gossiptest). Gubernator's peers talk gRPC; connections between Regions
+// (faultnet). Gubernator's peers talk gRPC; connections between Regions
 // go through a TCP relay that delays every chunk by the same latency. Both
 // decide on the caller's goroutine in the same process: Limiter.Allow and
 // V1Instance.GetRateLimits.

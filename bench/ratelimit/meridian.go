@@ -9,7 +9,7 @@ import (
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/ratelimit"
 	"github.com/meridian-router/meridian/tier2/gossip"
-	"github.com/meridian-router/meridian/tier2/gossip/gossiptest"
+	"github.com/meridian-router/meridian/tier2/gossip/faultnet"
 )
 
 // meridianSystem is N Limiters, each on its own memberlist node.
@@ -21,9 +21,9 @@ type meridianSystem struct {
 }
 
 func startMeridian(t topology, gossipInterval, syncInterval time.Duration) (*meridianSystem, error) {
-	net := gossiptest.NewNetwork()
+	net := faultnet.NewNetwork()
 	for _, r := range t.regions {
-		net.Delay(gossiptest.Region(r), gossiptest.Not(gossiptest.Region(r)), t.oneWay)
+		net.Delay(faultnet.Region(r), faultnet.Not(faultnet.Region(r)), t.oneWay)
 	}
 	tenants := map[string]*config.Tenant{"acme": {Spec: config.TenantSpec{Limits: config.TenantLimit{
 		Requests: &config.Rate{Limit: t.rate, Per: config.Duration(time.Second)},

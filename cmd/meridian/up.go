@@ -31,7 +31,7 @@ import (
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier2"
-	"github.com/meridian-router/meridian/tier2/gossip/gossiptest"
+	"github.com/meridian-router/meridian/tier2/gossip/faultnet"
 )
 
 func init() { extraCommands = append(extraCommands, newUpCmd) }
@@ -322,12 +322,12 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 	// One Tier-2 per Region, gossiping over a loopback network that delays
 	// cross-Region packets, and forwarding through a transport that delays
 	// cross-Region requests.
-	netw := gossiptest.NewNetwork()
+	netw := faultnet.NewNetwork()
 	var joins []string
 	for i, r := range snap.Topology.Spec.Regions {
 		for _, other := range snap.Topology.Spec.Regions {
 			if other.Name != r.Name {
-				netw.Delay(gossiptest.Region(r.Name), gossiptest.Region(other.Name), f.crossDelay)
+				netw.Delay(faultnet.Region(r.Name), faultnet.Region(other.Name), f.crossDelay)
 			}
 		}
 		name := "tier2-" + r.Name

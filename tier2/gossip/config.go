@@ -146,7 +146,7 @@ type Config struct {
 	Channels map[byte]Channel
 
 	// Transport replaces memberlist's UDP/TCP transport, for fault
-	// injection in tests (see package gossiptest). Nil means a
+	// injection in tests (see package faultnet). Nil means a
 	// memberlist.NetTransport on BindAddr:BindPort.
 	Transport memberlist.Transport
 

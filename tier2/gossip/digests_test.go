@@ -7,7 +7,7 @@ import (
 
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/tier2/gossip"
-	"github.com/meridian-router/meridian/tier2/gossip/gossiptest"
+	"github.com/meridian-router/meridian/tier2/gossip/faultnet"
 )
 
 // watchedStore is a regions.DigestStore registered as a gossip channel, as
@@ -88,7 +88,7 @@ func TestDigestSurvivesPartition(t *testing.T) {
 		cfg.ProbeInterval = 100 * time.Millisecond
 		cfg.ProbeTimeout = 50 * time.Millisecond
 	})
-	c.net.Partition(gossiptest.Region("a"), gossiptest.Region("b"))
+	c.net.Partition(faultnet.Region("a"), faultnet.Region("b"))
 	for _, i := range []int{0, 2} { // side a
 		await(t, c.sets[i].WaitMembers(gone(c.names[1], c.names[3])), c.names[i]+" to declare side b dead")
 	}

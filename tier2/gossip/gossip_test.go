@@ -11,7 +11,7 @@ import (
 
 	regionspkg "github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/tier2/gossip"
-	"github.com/meridian-router/meridian/tier2/gossip/gossiptest"
+	"github.com/meridian-router/meridian/tier2/gossip/faultnet"
 )
 
 // set is a grow-only set of strings: the simplest Channel that converges
@@ -155,7 +155,7 @@ func await(t testing.TB, ch <-chan struct{}, what string) {
 }
 
 type cluster struct {
-	net    *gossiptest.Network
+	net    *faultnet.Network
 	nodes  []*gossip.Node
 	sets   []*set
 	stores []*watchedStore // regions.DigestStore on gossip.ChannelRegions
@@ -165,11 +165,11 @@ type cluster struct {
 // startCluster starts n nodes; regions[i%len(regions)] is node i's Region.
 func startCluster(t testing.TB, n int, regions []string, tune func(*gossip.Config)) *cluster {
 	t.Helper()
-	return startClusterOn(t, gossiptest.NewNetwork(), n, regions, tune)
+	return startClusterOn(t, faultnet.NewNetwork(), n, regions, tune)
 }
 
 // startClusterOn is startCluster on a network whose faults are already set.
-func startClusterOn(t testing.TB, net *gossiptest.Network, n int, regions []string, tune func(*gossip.Config)) *cluster {
+func startClusterOn(t testing.TB, net *faultnet.Network, n int, regions []string, tune func(*gossip.Config)) *cluster {
 	t.Helper()
 	c := &cluster{net: net}
 	cfgs := make([]gossip.Config, n)
@@ -285,10 +285,10 @@ func BenchmarkConvergence30(b *testing.B) {
 		{"wan/cross-region-rtt=80ms", gossip.ProfileWAN, 40 * time.Millisecond},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			net := gossiptest.NewNetwork()
+			net := faultnet.NewNetwork()
 			for _, r := range regions {
 				if bc.oneWay > 0 {
-					net.Delay(gossiptest.Region(r), gossiptest.Not(gossiptest.Region(r)), bc.oneWay)
+					net.Delay(faultnet.Region(r), faultnet.Not(faultnet.Region(r)), bc.oneWay)
 				}
 			}
 			c := startClusterOn(b, net, 30, regions, func(cfg *gossip.Config) { cfg.Profile = bc.profile })
@@ -335,7 +335,7 @@ func TestPartitionAndHeal(t *testing.T) {
 	}
 
 	start := time.Now()
-	c.net.Partition(gossiptest.Region("a"), gossiptest.Region("b"))
+	c.net.Partition(faultnet.Region("a"), faultnet.Region("b"))
 	// Failure detection across the cut proves the partition holds.
 	for _, i := range sideA {
 		await(t, c.sets[i].WaitMembers(gone(namesOf(sideB)...)), c.names[i]+" to declare side b dead")
@@ -410,8 +410,8 @@ func TestRegisterLateAndPushPull(t *testing.T) {
 
 func TestRTTMeasuredAcrossRegions(t *testing.T) {
 	const oneWay = 40 * time.Millisecond
-	n := gossiptest.NewNetwork()
-	n.Delay(gossiptest.Region("us-east-1"), gossiptest.Region("eu-west-1"), oneWay)
+	n := faultnet.NewNetwork()
+	n.Delay(faultnet.Region("us-east-1"), faultnet.Region("eu-west-1"), oneWay)
 	nodes := n.Start(t,
 		gossip.Config{Name: "use", Region: "us-east-1", ProbeInterval: 50 * time.Millisecond, ProbeTimeout: time.Second},
 		gossip.Config{Name: "euw", Region: "eu-west-1", ProbeInterval: 50 * time.Millisecond, ProbeTimeout: time.Second},
@@ -517,9 +517,9 @@ func TestBroadcastSurvivesPacketLoss(t *testing.T) {
 	c := startCluster(t, 8, []string{"a", "b"}, func(cfg *gossip.Config) {
 		cfg.PushPullInterval = 500 * time.Millisecond
 	})
-	c.net.Drop(gossiptest.Region("a"), gossiptest.Region("b"), 0.2)
-	c.net.Drop(gossiptest.Region("a"), gossiptest.Region("a"), 0.2)
-	c.net.Drop(gossiptest.Region("b"), gossiptest.Region("b"), 0.2)
+	c.net.Drop(faultnet.Region("a"), faultnet.Region("b"), 0.2)
+	c.net.Drop(faultnet.Region("a"), faultnet.Region("a"), 0.2)
+	c.net.Drop(faultnet.Region("b"), faultnet.Region("b"), 0.2)
 	for i := range 5 {
 		c.spread(t, i, fmt.Sprintf("lossy-%d", i))
 	}

@@ -1,13 +1,13 @@
-// Package gossiptest runs real gossip nodes on loopback with injected
-// network faults: per-packet delay, random loss and partitions between named
+// Package faultnet is a memberlist transport that injects network faults
+// into real gossip nodes on loopback: per-packet delay, random loss and partitions between named
 // nodes or whole Regions. Every node keeps a real memberlist NetTransport
 // (UDP and TCP on 127.0.0.1); the faults are applied by a wrapper on the
 // sending side, so all nodes of a test must share one Network.
 //
-// It is for tests of any package that builds on tier2/gossip (regions,
-// ratelimit, tier2), and for meridian up, which runs several Regions on
-// loopback with a delay between them.
-package gossiptest
+// meridian up runs on it (several Regions on loopback with a delay between
+// them), and so do the tests of the packages that build on tier2/gossip
+// (regions, ratelimit, tier2).
+package faultnet
 
 import (
 	"errors"
@@ -26,7 +26,7 @@ import (
 )
 
 // ErrPartitioned is returned when a stream is dialled across a partition.
-var ErrPartitioned = errors.New("gossiptest: partitioned")
+var ErrPartitioned = errors.New("faultnet: partitioned")
 
 // Selector picks a set of nodes: one by name, all of a Region, or the
 // complement of either.
@@ -173,7 +173,7 @@ func (n *Network) Transport(name, region string) (*Transport, error) {
 		Logger:    log.New(io.Discard, "", 0),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("gossiptest: transport for %s: %w", name, err)
+		return nil, fmt.Errorf("faultnet: transport for %s: %w", name, err)
 	}
 	t := &Transport{net: n, inner: inner, self: endpoint{name, region}}
 	addr := net.JoinHostPort("127.0.0.1", fmt.Sprint(inner.GetAutoBindPort()))
@@ -277,11 +277,11 @@ func (t *Transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, e
 func (t *Transport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
 	cut, delay := t.net.verdict(t.self, a.Addr)
 	if cut {
-		return nil, fmt.Errorf("gossiptest: dial %s from %s: %w", a.Addr, t.self.name, ErrPartitioned)
+		return nil, fmt.Errorf("faultnet: dial %s from %s: %w", a.Addr, t.self.name, ErrPartitioned)
 	}
 	if delay > 0 {
 		if 2*delay >= timeout {
-			return nil, fmt.Errorf("gossiptest: dial %s from %s: round trip %v exceeds timeout %v", a.Addr, t.self.name, 2*delay, timeout)
+			return nil, fmt.Errorf("faultnet: dial %s from %s: round trip %v exceeds timeout %v", a.Addr, t.self.name, 2*delay, timeout)
 		}
 		time.Sleep(2 * delay) // emulated latency, not synchronisation
 	}
@@ -317,7 +317,7 @@ func (c *conn) check() error {
 	}
 	n.mu.RUnlock()
 	if cut {
-		return fmt.Errorf("gossiptest: stream %s → %s: %w", c.t.self.name, c.addr, ErrPartitioned)
+		return fmt.Errorf("faultnet: stream %s → %s: %w", c.t.self.name, c.addr, ErrPartitioned)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package gossiptest
+package faultnet
 
 import (
 	"errors"
