@@ -15,9 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/meridian-router/meridian/canary"
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/rewrite"
+	"github.com/meridian-router/meridian/rollout"
 )
 
 // RolloutStore records a transition the canary analysis decided.
@@ -84,8 +84,8 @@ type Canary struct {
 	share  *prometheus.GaugeVec
 
 	mu      sync.Mutex
-	latest  map[string]canary.Live // rewrite → latest analysis
-	tracked map[string]*tracked    // rewrite → observed rollout and samples
+	latest  map[string]rollout.Live // rewrite → latest analysis
+	tracked map[string]*tracked     // rewrite → observed rollout and samples
 }
 
 // tracked is one rewrite's observed rollout and its measurement history.
@@ -132,7 +132,7 @@ func NewCanary(cfg CanaryConfig, r *Router) (*Canary, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Canary{cfg: cfg, r: r, log: cfg.Logger, latest: map[string]canary.Live{}, tracked: map[string]*tracked{},
+	c := &Canary{cfg: cfg, r: r, log: cfg.Logger, latest: map[string]rollout.Live{}, tracked: map[string]*tracked{},
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_canary_state",
 			Help: "1 for the rollout's current state (Progressing, Paused, Healthy, Degraded, Aborted)."}, []string{"rewrite", "state"}),
 		weight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_canary_weight_percent",
@@ -186,7 +186,7 @@ func (c *Canary) round(ctx context.Context) time.Duration {
 	type work struct {
 		name string
 		ro   config.Rollout
-		live canary.Live
+		live rollout.Live
 		dec  rewrite.Decision
 	}
 	var todo []work
@@ -235,7 +235,7 @@ func (c *Canary) round(ctx context.Context) time.Duration {
 		}
 		canaryStats := c.stats(ro.Canary, clusters[0], cs, base.canary)
 		stableStats := c.stats(ro.Stable, clusters[1], ss, base.stable)
-		live := canary.Live{Rewrite: name, Model: public, Instance: c.cfg.Instance, Region: c.cfg.Region,
+		live := rollout.Live{Rewrite: name, Model: public, Instance: c.cfg.Instance, Region: c.cfg.Region,
 			At: now.UTC().Format(time.RFC3339), Canary: side(ro.Canary, canaryStats), Stable: side(ro.Stable, stableStats),
 			Cohort: c.cohort(name, mr, rule, tr)}
 		res, err := rewrite.Analyze(canaryStats, stableStats, ro.Analysis)
@@ -312,7 +312,7 @@ func (c *Canary) observe(name string, mr *config.ModelRewrite, rule int, now tim
 	}
 	var weights []float64
 	if rule >= 0 {
-		for _, w := range canary.Shares(mr.Spec.Rules[rule], mr.Spec.Rollout) {
+		for _, w := range rollout.Shares(mr.Spec.Rules[rule], mr.Spec.Rollout) {
 			weights = append(weights, w.Percent)
 			c.weight.WithLabelValues(name, w.Target).Set(w.Percent)
 		}
@@ -354,13 +354,13 @@ func (c *Canary) observe(name string, mr *config.ModelRewrite, rule int, now tim
 
 // cohort reports how the rollout's current state split this instance's
 // traffic, logging its warning once per state. c.mu is held.
-func (c *Canary) cohort(name string, mr *config.ModelRewrite, rule int, tr *tracked) *canary.Cohort {
+func (c *Canary) cohort(name string, mr *config.ModelRewrite, rule int, tr *tracked) *rollout.Cohort {
 	v, ok := c.r.cohorts.Load(name)
 	if !ok || rule < 0 {
 		return nil
 	}
 	requests, onCanary, keys := v.(*rewrite.Cohort).Counts()
-	co := canary.NewCohort(canary.PairPercent(mr.Spec.Rules[rule], mr.Spec.Rollout), requests, onCanary, keys)
+	co := rollout.NewCohort(rollout.PairPercent(mr.Spec.Rules[rule], mr.Spec.Rollout), requests, onCanary, keys)
 	c.share.WithLabelValues(name, "requests").Set(co.RequestPercent)
 	c.share.WithLabelValues(name, "keys").Set(co.KeyPercent)
 	if co.Warning != "" && !tr.warned {
@@ -515,9 +515,9 @@ func label(m *dto.Metric, name string) string {
 }
 
 // Latest returns every rollout's latest analysis, sorted by rewrite.
-func (c *Canary) Latest() []canary.Live {
+func (c *Canary) Latest() []rollout.Live {
 	c.mu.Lock()
-	out := make([]canary.Live, 0, len(c.latest))
+	out := make([]rollout.Live, 0, len(c.latest))
 	for _, l := range c.latest {
 		out = append(out, l)
 	}
@@ -532,8 +532,8 @@ func (c *Canary) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	json.NewEncoder(w).Encode(c.Latest())
 }
 
-func side(target string, s rewrite.Stats) canary.Side {
-	return canary.Side{Target: target, Requests: s.Requests, Errors: s.Errors, Throttled: s.Throttled,
+func side(target string, s rewrite.Stats) rollout.Side {
+	return rollout.Side{Target: target, Requests: s.Requests, Errors: s.Errors, Throttled: s.Throttled,
 		TTFTP99Ms: float64(s.TTFTP99) / float64(time.Millisecond)}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/meridian-router/meridian/config/configtest"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/rewrite"
+	"github.com/meridian-router/meridian/rollout"
 )
 
 const canaryConfig = `apiVersion: meridian.dev/v1alpha1
@@ -274,7 +275,7 @@ func TestCanaryReportOnly(t *testing.T) {
 	}
 	rec := httptest.NewRecorder()
 	c.ServeHTTP(rec, httptest.NewRequest("GET", "/meridian/canary", nil))
-	var live []canary.Live
+	var live []rollout.Live
 	if err := json.Unmarshal(rec.Body.Bytes(), &live); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/meridian-router/meridian/canary"
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/rewrite"
+	"github.com/meridian-router/meridian/rollout"
 )
 
 // The analysis reports the rollout's observed cohort beside its weight,
@@ -32,7 +33,7 @@ func TestCanaryCohortReport(t *testing.T) {
 		}
 		return onCanary
 	}
-	report := func() canary.Cohort {
+	report := func() rollout.Cohort {
 		t.Helper()
 		t2.round(ctx)
 		l := t2.Latest()
