@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/histogram"
 	"github.com/meridian-router/meridian/rewrite"
 	"github.com/meridian-router/meridian/rollout"
 )
@@ -443,19 +444,7 @@ func (c *Canary) stats(target string, clusters []string, now, base counts) rewri
 // quantile estimates the q-quantile of a cumulative histogram over
 // latencyBuckets (plus +Inf holding n) as histogram_quantile does.
 func quantile(q float64, cum []float64, n float64) time.Duration {
-	rank := q * n
-	lower, prev := 0.0, 0.0
-	for i, ub := range latencyBuckets {
-		if cum[i] >= rank {
-			frac := 0.0
-			if cum[i] > prev {
-				frac = (rank - prev) / (cum[i] - prev)
-			}
-			return time.Duration((lower + (ub-lower)*frac) * float64(time.Second))
-		}
-		lower, prev = ub, cum[i]
-	}
-	return time.Duration(latencyBuckets[len(latencyBuckets)-1] * float64(time.Second))
+	return time.Duration(histogram.Quantile(q, latencyBuckets, cum, n) * float64(time.Second))
 }
 
 type sideKey struct{ public, target string }

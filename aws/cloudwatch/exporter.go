@@ -26,6 +26,8 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
 	"github.com/aws/aws-sdk-go-v2/service/cloudwatch/types"
+
+	"github.com/meridian-router/meridian/internal/histogram"
 )
 
 // MaxDatumsPerRequest is PutMetricData's limit of datums per request.
@@ -336,30 +338,19 @@ func (h Histogram) valuesCounts() ([]float64, []float64) {
 	return values, counts
 }
 
-// quantile estimates the q-quantile by linear interpolation inside the
-// bucket holding it, as Prometheus's histogram_quantile does. NaN when
-// the histogram is empty; the last finite bound when the rank falls in
-// the overflow.
+// quantile estimates the q-quantile as Prometheus's histogram_quantile
+// does (internal/histogram): NaN when the histogram is empty; the last
+// finite bound when the rank falls in the overflow.
 func (h Histogram) quantile(q float64) float64 {
-	if h.Count == 0 || len(h.Buckets) == 0 {
-		return math.NaN()
-	}
-	rank := q * float64(h.Count)
-	lower, below := 0.0, uint64(0)
+	bounds := make([]float64, 0, len(h.Buckets))
+	cum := make([]float64, 0, len(h.Buckets))
 	for _, b := range h.Buckets {
 		if math.IsInf(b.UpperBound, +1) {
 			break
 		}
-		if float64(b.Count) >= rank {
-			inBucket := float64(b.Count - below)
-			if inBucket == 0 {
-				return b.UpperBound
-			}
-			return lower + (b.UpperBound-lower)*(rank-float64(below))/inBucket
-		}
-		lower, below = b.UpperBound, b.Count
+		bounds, cum = append(bounds, b.UpperBound), append(cum, float64(b.Count))
 	}
-	return lower
+	return histogram.Quantile(q, bounds, cum, float64(h.Count))
 }
 
 // ClientOptions say how to reach CloudWatch.
