@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // pool is a healthy, idle digest for cluster region/name serving model.
@@ -602,7 +604,7 @@ func BenchmarkSelect(b *testing.B) {
 				dst := make([]Target, 0, 3)
 				req := Request{Model: "llama"}
 				b.ReportAllocs()
-				cpu0 := cpuTime()
+				cpu0 := testkit.CPUTime()
 				for i := 0; b.Loop(); i++ {
 					if prefix {
 						req.PrefixHash = uint64(i)*0x9E3779B97F4A7C15 | 1
@@ -626,7 +628,7 @@ func BenchmarkSelectOnly(b *testing.B) {
 			dst := make([]Target, 0, 3)
 			req := Request{Model: "llama"}
 			b.ReportAllocs()
-			cpu0 := cpuTime()
+			cpu0 := testkit.CPUTime()
 			for i := 0; b.Loop(); i++ {
 				req.PrefixHash = uint64(i)*0x9E3779B97F4A7C15 | 1
 				dst = f.Select(dst, req)
@@ -657,7 +659,7 @@ func BenchmarkSelectParallel(b *testing.B) {
 // read the clock once, and on some virtual machines that read dominates.
 func BenchmarkClock(b *testing.B) {
 	var sink int64
-	cpu0 := cpuTime()
+	cpu0 := testkit.CPUTime()
 	for b.Loop() {
 		sink += time.Now().UnixNano()
 	}
@@ -667,7 +669,7 @@ func BenchmarkClock(b *testing.B) {
 
 // reportCPU adds the process CPU time per operation since cpu0.
 func reportCPU(b *testing.B, cpu0 time.Duration) {
-	if c := cpuTime(); c > 0 && b.N > 0 {
+	if c := testkit.CPUTime(); c > 0 && b.N > 0 {
 		b.ReportMetric(float64(c-cpu0)/float64(b.N), "cpu-ns/op")
 	}
 }
@@ -685,7 +687,7 @@ func BenchmarkPutDigest(b *testing.B) {
 	}
 	f := newFleet(b, Config{DigestMaxAge: time.Hour}, ds...)
 	b.ReportAllocs()
-	cpu0 := cpuTime()
+	cpu0 := testkit.CPUTime()
 	for i := 0; b.Loop(); i++ {
 		d := ds[i%len(ds)]
 		d.Version = uint64(i + 2)

@@ -4,11 +4,11 @@ import (
 	"encoding/binary"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // gieHashes restates GIE's hashPrompt with a streaming digest: seed =
@@ -109,11 +109,11 @@ func BenchmarkBlockHashes(b *testing.B) {
 	dst := make([]uint64, 0, 256)
 	b.SetBytes(int64(len(text)))
 	b.ReportAllocs()
-	cpu := startCPU()
+	cpu := testkit.StartCPU()
 	for b.Loop() {
 		dst = BlockHashes(dst[:0], 1, text, 64, 256)
 	}
-	cpu.report(b)
+	cpu.Report(b)
 }
 
 func BenchmarkParseChat(b *testing.B) {
@@ -121,34 +121,13 @@ func BenchmarkParseChat(b *testing.B) {
 		strings.Repeat("You are a helpful assistant. ", 300) + `"},{"role":"user","content":"What is the capital of France?"}]}`)
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
-	cpu := startCPU()
+	cpu := testkit.StartCPU()
 	for b.Loop() {
 		if _, err := Parse(body, 0); err != nil {
 			b.Fatal(err)
 		}
 	}
-	cpu.report(b)
-}
-
-// cpuClock measures the process's CPU time (user + system) over a
-// benchmark, reported as cpu-ns/op next to the wall-clock ns/op: on a
-// shared machine the wall clock also counts time spent waiting for a core.
-type cpuClock struct{ start time.Duration }
-
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func startCPU() cpuClock { return cpuClock{start: processCPU()} }
-
-func (c cpuClock) report(b *testing.B) {
-	if b.N > 0 {
-		b.ReportMetric(float64(processCPU()-c.start)/float64(b.N), "cpu-ns/op")
-	}
+	cpu.Report(b)
 }
 
 func TestPrefixHashes(t *testing.T) {

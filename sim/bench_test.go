@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // BenchmarkMooncakeReplay replays the whole Mooncake conversation trace
@@ -28,7 +30,7 @@ func BenchmarkMooncakeReplay(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
-			cpu0 := cpuTime()
+			cpu0 := testkit.CPUTime()
 			for b.Loop() {
 				e := NewEngine(1)
 				for i := 0; i < tc.pods; i++ {
@@ -74,7 +76,7 @@ func BenchmarkMooncakeReplay(b *testing.B) {
 			}
 			b.ReportMetric(float64(len(reqs))*float64(b.N)/b.Elapsed().Seconds(), "req/s")
 			// CPU time is steadier than wall time on a shared machine.
-			b.ReportMetric((cpuTime()-cpu0).Seconds()/float64(b.N), "cpu-s/op")
+			b.ReportMetric((testkit.CPUTime()-cpu0).Seconds()/float64(b.N), "cpu-s/op")
 		})
 	}
 }

@@ -7,11 +7,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/request"
 )
 
@@ -112,14 +112,14 @@ func BenchmarkSchedule(b *testing.B) {
 					req := &Request{}
 					dst := make([]*Endpoint, 0, 8)
 					b.ReportAllocs()
-					cpu := startCPU()
+					cpu := testkit.StartCPU()
 					for b.Loop() {
 						var err error
 						if dst, err = f.decide(req, dst); err != nil {
 							b.Fatal(err)
 						}
 					}
-					cpu.report(b)
+					cpu.Report(b)
 				})
 			}
 		}
@@ -132,8 +132,8 @@ func BenchmarkScheduleParallel(b *testing.B) {
 			f := newBenchFixture(b, config.ScoringMeridian, pods, 256)
 			b.ResetTimer()
 			b.ReportAllocs()
-			cpu := startCPU()
-			defer cpu.report(b)
+			cpu := testkit.StartCPU()
+			defer cpu.Report(b)
 			b.RunParallel(func(pb *testing.PB) {
 				req := &Request{}
 				dst := make([]*Endpoint, 0, 8)
@@ -162,7 +162,7 @@ func BenchmarkDispatch(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 1))
 	req := &Request{Model: "llama", Hashes: make([]uint64, 256), PromptTokens: 4096}
 	b.ReportAllocs()
-	cpu := startCPU()
+	cpu := testkit.StartCPU()
 	i := 0
 	for b.Loop() {
 		sys := uint64(r.IntN(8)) << 48
@@ -177,28 +177,7 @@ func BenchmarkDispatch(b *testing.B) {
 		tk.Done()
 		i++
 	}
-	cpu.report(b)
-}
-
-// cpuClock measures the process's CPU time (user + system) over a
-// benchmark, reported as cpu-ns/op next to the wall-clock ns/op: on a
-// shared machine the wall clock also counts time spent waiting for a core.
-type cpuClock struct{ start time.Duration }
-
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func startCPU() cpuClock { return cpuClock{start: processCPU()} }
-
-func (c cpuClock) report(b *testing.B) {
-	if b.N > 0 {
-		b.ReportMetric(float64(processCPU()-c.start)/float64(b.N), "cpu-ns/op")
-	}
+	cpu.Report(b)
 }
 
 // TestScheduleAllocs pins the allocations of one decision (hashing,

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/request"
 )
 
@@ -253,13 +254,13 @@ func BenchmarkDecisionPath(b *testing.B) {
 			d := f.decider()
 			b.ReportAllocs()
 			b.SetBytes(int64(len(f.convs[0])))
-			cpu := startCPU()
+			cpu := testkit.StartCPU()
 			for b.Loop() {
 				if err := d.decide(); err != nil {
 					b.Fatal(err)
 				}
 			}
-			cpu.report(b)
+			cpu.Report(b)
 		})
 	}
 }
@@ -271,7 +272,7 @@ func BenchmarkDecisionPathParallel(b *testing.B) {
 	b.Run("pods=64/blocks=256", func(b *testing.B) {
 		f := newPathFixture(b, 64, 256, productionKVBlocks)
 		b.ReportAllocs()
-		cpu := startCPU()
+		cpu := testkit.StartCPU()
 		b.RunParallel(func(pb *testing.PB) {
 			d := f.decider()
 			for pb.Next() {
@@ -281,7 +282,7 @@ func BenchmarkDecisionPathParallel(b *testing.B) {
 				}
 			}
 		})
-		cpu.report(b)
+		cpu.Report(b)
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 	})
 }

@@ -3,11 +3,11 @@ package gateway_test
 import (
 	"fmt"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/hygiene"
@@ -128,7 +128,7 @@ spec:
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
-			cpu := cpuTime()
+			cpu := testkit.StartCPU()
 			i := 0
 			for b.Loop() {
 				i++
@@ -136,16 +136,7 @@ spec:
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+			cpu.Report(b)
 		})
 	}
-}
-
-// cpuTime is the process's user and system CPU time in nanoseconds.
-func cpuTime() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
 }

@@ -8,12 +8,12 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/request"
 )
 
@@ -449,33 +449,24 @@ func BenchmarkObserve(b *testing.B) {
 		b.Run(tc.name+"/baseline-prefix-hashes", func(b *testing.B) {
 			dst, scratch := make([]uint64, 0, 256), make([]byte, 0, len(tc.prompt)+256)
 			b.ReportAllocs()
-			cpu := cpuTime()
+			cpu := testkit.StartCPU()
 			i := 0
 			for b.Loop() {
 				i++
 				dst, scratch = request.PrefixHashes(dst[:0], bodies[i%64], "model", 64, 256, scratch)
 			}
-			b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+			cpu.Report(b)
 		})
 		b.Run(tc.name+"/observe", func(b *testing.B) {
 			s := New(Config{Samples: true})
 			b.ReportAllocs()
-			cpu := cpuTime()
+			cpu := testkit.StartCPU()
 			i := 0
 			for b.Loop() {
 				i++
 				s.Observe("tenant", "model", bodies[i%64], hashes[i%64], t0)
 			}
-			b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+			cpu.Report(b)
 		})
 	}
-}
-
-// cpuTime is the process's user and system CPU time in nanoseconds.
-func cpuTime() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
 }

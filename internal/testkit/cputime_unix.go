@@ -1,14 +1,15 @@
 //go:build unix
 
-package sim
+package testkit
 
 import (
 	"syscall"
 	"time"
 )
 
-// cpuTime is the process's user plus system CPU time so far.
-func cpuTime() time.Duration {
+// CPUTime is the process's user plus system CPU time so far (getrusage);
+// 0 where it cannot be read.
+func CPUTime() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0

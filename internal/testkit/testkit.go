@@ -1,0 +1,47 @@
+// Package testkit is what the tests and benchmarks of many packages share:
+// waiting for a condition with a bound (Eventually) and measuring CPU time
+// (CPUTime, StartCPU). It is imported only by test files
+// (docs/architecture.md, rule 2).
+package testkit
+
+import (
+	"testing"
+	"time"
+)
+
+// EventuallyTimeout bounds every Eventually: generous, because the tests
+// run on loaded machines, and still a bound.
+const EventuallyTimeout = 30 * time.Second
+
+// Eventually polls cond until it holds, and fails tb naming what it waited
+// for when it still does not after EventuallyTimeout.
+func Eventually(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(EventuallyTimeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %s waiting for: %s", EventuallyTimeout, what)
+		}
+		<-tick.C
+	}
+}
+
+// CPUClock measures the process's CPU time (user + system) from when it
+// was started: unlike wall time it does not grow while the process waits
+// for a CPU on a loaded machine.
+type CPUClock struct{ start time.Duration }
+
+// StartCPU starts a CPUClock.
+func StartCPU() CPUClock { return CPUClock{start: CPUTime()} }
+
+// Elapsed is the CPU time used since the clock started.
+func (c CPUClock) Elapsed() time.Duration { return CPUTime() - c.start }
+
+// Report reports the CPU time per operation as the benchmark's cpu-ns/op.
+func (c CPUClock) Report(b *testing.B) {
+	if b.N > 0 {
+		b.ReportMetric(float64(c.Elapsed())/float64(b.N), "cpu-ns/op")
+	}
+}
