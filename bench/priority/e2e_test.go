@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/sim"
@@ -82,21 +83,6 @@ func metric(t testing.TB, reg prometheus.Gatherer, name string, labels map[strin
 		}
 	}
 	return 0
-}
-
-// eventually polls cond until it holds or 30 s pass: the tiers run on the
-// wall clock over real sockets, which synctest cannot host.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		<-tick.C
-	}
 }
 
 type reply struct {
@@ -281,7 +267,7 @@ metadata: {name: intruder}
 	t2url := "http://" + t2ln.Addr().String()
 
 	p := &platform{home: homePods[0], away: awayPods[0], t1: t1, in: in, t2reg: t2reg, t2url: t2url, token: token}
-	eventually(t, "Tier-2 has fresh digests of both clusters", func() bool {
+	testkit.Eventually(t, "Tier-2 has fresh digests of both clusters", func() bool {
 		_, h := p.digest("c-home")
 		_, a := p.digest("c-away")
 		return h == 1 && a == 1 && len(in.Fleet.Select(nil, regions.Request{Model: "m"})) == 2
@@ -328,17 +314,17 @@ func (p *platform) overload(t testing.TB) (heal func() []reply) {
 			t.Logf("last seen: %s", last)
 		}
 	}()
-	eventually(t, "Tier-1 home queues Standard requests in its Gate while the pod holds the rest", func() bool {
+	testkit.Eventually(t, "Tier-1 home queues Standard requests in its Gate while the pod holds the rest", func() bool {
 		m := p.home.Metrics()
 		last = fmt.Sprintf("gate %d, pod waiting %d running %d, saturation %+v", gate.Len(), m.Waiting, m.Running,
 			home.gw.Pools()[0].Saturation(time.Now(), priority.Thresholds{}))
 		return gate.Len() > 0 && gate.Len()+m.Waiting+m.Running == 8
 	})
-	eventually(t, "Tier-2's digest of home shows saturation ≥ 1", func() bool {
+	testkit.Eventually(t, "Tier-2's digest of home shows saturation ≥ 1", func() bool {
 		s, _ := p.digest("c-home")
 		return s >= 1
 	})
-	eventually(t, "Tier-2's home gate has observed it", func() bool {
+	testkit.Eventually(t, "Tier-2's home gate has observed it", func() bool {
 		return metric(t, p.t2reg, "meridian_priority_pool_saturation", map[string]string{"pool": "m"}) >= 1
 	})
 	return func() []reply {

@@ -23,6 +23,7 @@ import (
 	"github.com/meridian-router/meridian/canary"
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/config/configtest"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/rewrite"
 	"github.com/meridian-router/meridian/sim"
 )
@@ -116,7 +117,7 @@ spec:
 		}
 	})
 	for _, region := range p.Regions {
-		eventually(t, region+" Tier-2 ready with both Regions' digests", func() bool {
+		testkit.Eventually(t, region+" Tier-2 ready with both Regions' digests", func() bool {
 			c := client(p, region, p.Token)
 			for _, m := range []string{"chat-v1", "chat-v2"} {
 				if _, err := c.Models.Get(context.Background(), m); err != nil {
@@ -217,7 +218,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 
 	t.Run("split is sticky, consistent across Regions, and answers with the public name", func(t *testing.T) {
 		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--weight", "50")
-		eventually(t, "both Tier-2s route some sessions to the canary", func() bool {
+		testkit.Eventually(t, "both Tier-2s route some sessions to the canary", func() bool {
 			for _, region := range p.Regions {
 				hit := false
 				for i := range 20 {
@@ -257,7 +258,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 			t.Fatalf("%d of %d sessions on the canary at 50%%", onCanary, sessions)
 		}
 		mustCanary(t, e, "undo", "chat")
-		eventually(t, "undo sends everything back to stable", func() bool {
+		testkit.Eventually(t, "undo sends everything back to stable", func() bool {
 			for i := range 20 {
 				if c, err := served(p, "eu-west-1", fmt.Sprint("session-", i)); err != nil || c != "use1" {
 					return false
@@ -273,7 +274,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 			t.Fatalf("after promote:\n%s", out)
 		}
 		mustCanary(t, e, "promote", "chat", "--full")
-		eventually(t, "every session on the canary", func() bool {
+		testkit.Eventually(t, "every session on the canary", func() bool {
 			for i := range 20 {
 				if c, err := served(p, "us-east-1", fmt.Sprint("s-", i)); err != nil || c != "euw1" {
 					return false
@@ -285,7 +286,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 			t.Fatalf("list after full promotion:\n%s", out)
 		}
 		mustCanary(t, e, "undo", "chat")
-		eventually(t, "undo returns every session to stable", func() bool {
+		testkit.Eventually(t, "undo returns every session to stable", func() bool {
 			for i := range 20 {
 				if c, err := served(p, "us-east-1", fmt.Sprint("s-", i)); err != nil || c != "use1" {
 					return false
@@ -335,15 +336,15 @@ func TestCanaryEndToEnd(t *testing.T) {
 			}
 		}
 		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--weight", "30")
-		eventually(t, "30% in force", onCanary(5, 25))
+		testkit.Eventually(t, "30% in force", onCanary(5, 25))
 		mustCanary(t, e, "set-weight", "chat", "70")
-		eventually(t, "70% in force", onCanary(26, 45))
+		testkit.Eventually(t, "70% in force", onCanary(26, 45))
 		if out, err := runCanary(t, e, "promote", "chat", "--full"); err != nil {
 			t.Fatalf("promote --full: %v (rollout %+v)\n%s", err, rolloutOf(t, e), out)
 		}
-		eventually(t, "full promotion in force", onCanary(50, 50))
+		testkit.Eventually(t, "full promotion in force", onCanary(50, 50))
 		mustCanary(t, e, "undo", "chat")
-		eventually(t, "undo in force", onCanary(0, 0))
+		testkit.Eventually(t, "undo in force", onCanary(0, 0))
 		stop()
 		wg.Wait()
 		if failed.Load() > 0 || ok.Load() == 0 {
@@ -408,7 +409,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 				}
 			}()
 		}
-		eventually(t, "the analysis degrades the rollout", func() bool {
+		testkit.Eventually(t, "the analysis degrades the rollout", func() bool {
 			ro := rolloutOf(t, e)
 			return ro != nil && ro.Status == rewrite.StatusDegraded
 		})
@@ -438,7 +439,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 		if writes != 2 { // the operator's start, then one abort
 			t.Fatalf("%d writes to the rewrite since start, want 2 (start, one abort)", writes)
 		}
-		eventually(t, "traffic back on stable", func() bool {
+		testkit.Eventually(t, "traffic back on stable", func() bool {
 			for i := range 20 {
 				if c, err := served(p, "eu-west-1", fmt.Sprint("load-", i)); err != nil || c != "use1" {
 					return false
@@ -452,7 +453,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 			if m.Labels["job"] != "meridian-tier2" {
 				continue
 			}
-			eventually(t, "meridian_canary_state Degraded on "+m.Labels["region"], func() bool {
+			testkit.Eventually(t, "meridian_canary_state Degraded on "+m.Labels["region"], func() bool {
 				resp, err := http.Get("http://" + m.Addr + "/metrics")
 				if err != nil {
 					return false
@@ -501,7 +502,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 func observed(t *testing.T, p *Platform, e *configtest.Etcd, requests int64) canary.Status {
 	t.Helper()
 	var st canary.Status
-	eventually(t, fmt.Sprintf("status shows a cohort of %d requests", requests), func() bool {
+	testkit.Eventually(t, fmt.Sprintf("status shows a cohort of %d requests", requests), func() bool {
 		out := mustCanary(t, e, "status", "chat", "--json", "--tier2", tier2Admins(p))
 		var sts []canary.Status
 		if err := json.Unmarshal([]byte(out), &sts); err != nil {
@@ -540,7 +541,7 @@ func observedCohort(t *testing.T, p *Platform, e *configtest.Etcd) {
 	// state, so that every request sent afterwards is counted.
 	measuring := func() {
 		t.Helper()
-		eventually(t, "both Tier-2s measure the rollout", func() bool {
+		testkit.Eventually(t, "both Tier-2s measure the rollout", func() bool {
 			out := mustCanary(t, e, "status", "chat", "--json", "--tier2", tier2s)
 			var sts []canary.Status
 			return json.Unmarshal([]byte(out), &sts) == nil && len(sts) == 1 && len(sts[0].Live) == 2 &&

@@ -12,6 +12,7 @@ import (
 
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/config/configtest"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // `meridian tier2 --etcd` resolves the example's relative jwksFile
@@ -68,11 +69,11 @@ func TestTier2EtcdRelativeJWKSFile(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
-	eventually(t, "etcd reported up", func() bool { return strings.Contains(scrape(), "meridian_config_etcd_up 1") })
+	testkit.Eventually(t, "etcd reported up", func() bool { return strings.Contains(scrape(), "meridian_config_etcd_up 1") })
 	if _, err := e.Client.Delete(t.Context(), config.KeyOf(config.DefaultPrefix, config.ObjectKey{Kind: config.KindTopology, Name: "global"})); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the topology-less configuration counted invalid", func() bool {
+	testkit.Eventually(t, "the topology-less configuration counted invalid", func() bool {
 		return strings.Contains(scrape(), `meridian_config_reloads_total{result="invalid"} 1`)
 	})
 	if m := scrape(); !strings.Contains(m, `meridian_config_reloads_total{result="ok"} 1`) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	promcfg "github.com/meridian-router/meridian/deploy/prometheus"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // TestPrometheusPanels runs a real Prometheus (Debian's package, installed
@@ -91,7 +92,7 @@ func TestPrometheusPanels(t *testing.T) {
 	}
 	// Prometheus must be scraping every target before the traffic, or the
 	// counters' increase (and so every rate) would be zero.
-	eventually(t, "Prometheus scraping every target", func() bool {
+	testkit.Eventually(t, "Prometheus scraping every target", func() bool {
 		up, err := query("up == 1")
 		return err == nil && len(up) == len(p.Metrics)
 	})
@@ -132,7 +133,7 @@ func TestPrometheusPanels(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var last map[string]float64
 			var lastErr error
-			eventually(t, "a series per "+tc.label+" for "+tc.expr, func() bool {
+			testkit.Eventually(t, "a series per "+tc.label+" for "+tc.expr, func() bool {
 				last, lastErr = query(tc.expr)
 				if lastErr != nil {
 					return false
@@ -154,7 +155,7 @@ func TestPrometheusPanels(t *testing.T) {
 		})
 	}
 	// The shipped recording rules evaluate on the same data.
-	eventually(t, "recording rule pool:vllm_num_requests_waiting:spread", func() bool {
+	testkit.Eventually(t, "recording rule pool:vllm_num_requests_waiting:spread", func() bool {
 		s, err := query("pool:vllm_num_requests_waiting:spread")
 		return err == nil && len(s) >= 3
 	})

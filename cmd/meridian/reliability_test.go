@@ -16,6 +16,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
 )
 
@@ -184,7 +185,7 @@ func TestReliability(t *testing.T) {
 		if !p.Stop("tier2/us-east-1") {
 			t.Fatal("no component tier2/us-east-1")
 		}
-		eventually(t, "us-east-1's Tier-2 refuses connections", func() bool {
+		testkit.Eventually(t, "us-east-1's Tier-2 refuses connections", func() bool {
 			o := streamChat(ctx, us, p.Token, "fast", 4)
 			return errors.Is(o.err, syscall.ECONNREFUSED)
 		})

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
 )
 
@@ -80,7 +81,7 @@ func runTier1Test(t *testing.T, f tier1Flags) *tier1Instance {
 			t.Errorf("tier1 stopped with %v", err)
 		}
 	})
-	eventually(t, "tier1 ready", func() bool {
+	testkit.Eventually(t, "tier1 ready", func() bool {
 		resp, err := http.Get("http://" + inst.servers[0].Addr() + "/readyz")
 		if err != nil {
 			return false
@@ -180,7 +181,7 @@ func TestTier1ReplicasSharePrefixes(t *testing.T) {
 		served[resp.Header.Get("x-gateway-destination-endpoint-served")]++
 		if i == 0 {
 			// Let the first dispatch reach the other replica's index.
-			eventually(t, "the prefix event to reach replica b", func() bool {
+			testkit.Eventually(t, "the prefix event to reach replica b", func() bool {
 				return ra.exchange != nil && ra.exchange.Stats().Sent > 0 && rb.exchange.Stats().Applied > 0
 			})
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
 )
 
@@ -159,7 +160,7 @@ spec:
 	// candidate already), and answer for every model.
 	want := map[string]int{"use1/fast": 2, "euw1/fast": 2, "use1/chat-v1": 1, "euw1/chat-v2": 1}
 	for _, region := range p.Regions {
-		eventually(t, region+" Tier-2 holds every pool's digest with its pods ready", func() bool {
+		testkit.Eventually(t, region+" Tier-2 holds every pool's digest with its pods ready", func() bool {
 			ready := 0
 			for _, d := range p.fleets[region].Digests().Digests() {
 				if n, ok := want[d.Cluster+"/"+d.Model]; ok && d.ReadyPods >= n {
@@ -170,7 +171,7 @@ spec:
 		})
 	}
 	for _, region := range p.Regions {
-		eventually(t, region+" Tier-2 ready with both Regions' digests", func() bool {
+		testkit.Eventually(t, region+" Tier-2 ready with both Regions' digests", func() bool {
 			c := client(p, region, p.Token)
 			for _, m := range []string{"fast", "chat-v1", "chat-v2"} {
 				if _, err := c.Models.Get(context.Background(), m); err != nil {
@@ -185,21 +186,6 @@ spec:
 
 func client(p *Platform, region, token string) openai.Client {
 	return openai.NewClient(option.WithBaseURL(p.Endpoints[region]+"/v1/"), option.WithAPIKey(token), option.WithMaxRetries(0))
-}
-
-// eventually polls cond until it holds or 30 s pass: the platform runs on
-// the wall clock over real sockets, which synctest cannot host.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		<-tick.C
-	}
 }
 
 func ask(model string) openai.ChatCompletionNewParams {
@@ -347,7 +333,7 @@ func TestPlatformEndToEnd(t *testing.T) {
 		for _, lp := range bad {
 			lp.SetFaults(sim.Faults{})
 		}
-		eventually(t, "use1 readmitted and serving again", func() bool {
+		testkit.Eventually(t, "use1 readmitted and serving again", func() bool {
 			var resp *http.Response
 			_, err := us.Chat.Completions.New(ctx, ask("fast"), option.WithResponseInto(&resp))
 			return err == nil && resp.Header.Get("x-meridian-cluster") == "use1"
@@ -380,12 +366,12 @@ func TestPlatformEndToEnd(t *testing.T) {
 				}
 			}()
 		}
-		eventually(t, "some traffic before the failure", func() bool { return ok.Load() > 20 })
+		testkit.Eventually(t, "some traffic before the failure", func() bool { return ok.Load() > 20 })
 		if !p.Stop("tier1/use1") {
 			t.Fatal("no component tier1/use1")
 		}
 		before := ok.Load()
-		eventually(t, "traffic served from eu-west-1", func() bool { return ok.Load() > before+40 })
+		testkit.Eventually(t, "traffic served from eu-west-1", func() bool { return ok.Load() > before+40 })
 		close(stop)
 		wg.Wait()
 		if n := failed.Load(); n > 0 {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // TestTwoUpsSideBySide starts the embedded example platform twice, one
@@ -50,7 +52,7 @@ func TestTwoUpsSideBySide(t *testing.T) {
 
 	printed := func(u *up, key string) string {
 		var v string
-		eventually(t, "the "+key+" line", func() bool {
+		testkit.Eventually(t, "the "+key+" line", func() bool {
 			m := regexp.MustCompile(`(?m)^` + key + `: (\S+)$`).FindStringSubmatch(u.out.String())
 			if m != nil {
 				v = m[1]
@@ -69,7 +71,7 @@ func TestTwoUpsSideBySide(t *testing.T) {
 	for _, u := range []*up{first, second} {
 		ep, tok := printed(u, "endpoint"), printed(u, "token")
 		c := openai.NewClient(option.WithBaseURL(ep+"/v1/"), option.WithAPIKey(tok), option.WithMaxRetries(0))
-		eventually(t, ep+" answers", func() bool {
+		testkit.Eventually(t, ep+" answers", func() bool {
 			out, err := c.Chat.Completions.New(ctx, ask("support-agent"))
 			return err == nil && len(out.Choices) > 0
 		})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
 )
 
@@ -49,7 +50,7 @@ func TestAdmissionAtSaturation(t *testing.T) {
 		direct.Wait()
 	}()
 	gate := p.gw.Gate("chat")
-	eventually(t, "the chat pool scraped as saturated", func() bool {
+	testkit.Eventually(t, "the chat pool scraped as saturated", func() bool {
 		for _, lp := range pods {
 			if m := p.endpoint(lp.Addr()).Metrics(); m == nil || m.Waiting < 5 {
 				return false
@@ -98,5 +99,5 @@ func TestAdmissionAtSaturation(t *testing.T) {
 		t.Fatalf("pod answered %d: %s", code, out)
 	}
 	direct.Wait()
-	eventually(t, "nothing in flight", func() bool { return p.inFlight() == 0 })
+	testkit.Eventually(t, "nothing in flight", func() bool { return p.inFlight() == 0 })
 }

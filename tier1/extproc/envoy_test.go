@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/extproc"
@@ -147,7 +148,7 @@ func newPlatform(tb testing.TB, srv *extproc.Server, scale float64) *platform {
 		}
 		tr.CloseIdleConnections()
 	})
-	eventually(tb, "every endpoint scraped", func() bool {
+	testkit.Eventually(tb, "every endpoint scraped", func() bool {
 		for _, v := range gw.Pools() {
 			for _, ep := range v.Pool.Endpoints() {
 				if ep.Metrics() == nil {
@@ -158,22 +159,6 @@ func newPlatform(tb testing.TB, srv *extproc.Server, scale float64) *platform {
 		return true
 	})
 	return p
-}
-
-// eventually polls cond until it holds or 20 s pass. Live pods and
-// scrapers run on the wall clock over real sockets, which synctest cannot
-// host, so this waits on an observable condition rather than for a time.
-func eventually(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for: %s", what)
-		}
-		<-tick.C
-	}
 }
 
 // inFlight sums the gateway's in-flight counts over every endpoint.

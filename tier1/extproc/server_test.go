@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/tier1/extproc"
 	"github.com/meridian-router/meridian/tier1/gateway"
 )
@@ -289,7 +290,7 @@ func TestHeaderRouting(t *testing.T) {
 				t.Fatalf("immediate %v, destination %q; want a lora pod", pk.immediate, pk.dest)
 			}
 			st.CloseSend()
-			eventually(t, "the request released", func() bool { return p.inFlight() == 0 })
+			testkit.Eventually(t, "the request released", func() bool { return p.inFlight() == 0 })
 
 			// Without the header there is nothing to route by.
 			st, err = p.client.Process(t.Context())
@@ -346,7 +347,7 @@ func TestCancellation(t *testing.T) {
 				p.recvT(t, pk.stream)
 				cancel()
 			}
-			eventually(t, "every stream closed and nothing in flight", func() bool {
+			testkit.Eventually(t, "every stream closed and nothing in flight", func() bool {
 				return p.srv.Active() == 0 && p.inFlight() == 0
 			})
 		})
@@ -362,7 +363,7 @@ func TestHealth(t *testing.T) {
 	p := newPlatform(t, nil, 50)
 	hc := grpc_health_v1.NewHealthClient(p.conn)
 	for _, svc := range []string{"", "liveness", "readiness", extproc.ServiceName} {
-		eventually(t, fmt.Sprintf("health %q serving", svc), func() bool {
+		testkit.Eventually(t, fmt.Sprintf("health %q serving", svc), func() bool {
 			r, err := hc.Check(t.Context(), &grpc_health_v1.HealthCheckRequest{Service: svc})
 			return err == nil && r.GetStatus() == grpc_health_v1.HealthCheckResponse_SERVING
 		})
@@ -446,7 +447,7 @@ func TestConcurrentStreams(t *testing.T) {
 	for e := range errs {
 		t.Error(e)
 	}
-	eventually(t, "every stream closed and nothing in flight", func() bool {
+	testkit.Eventually(t, "every stream closed and nothing in flight", func() bool {
 		return p.srv.Active() == 0 && p.inFlight() == 0
 	})
 }
@@ -522,7 +523,7 @@ func TestUnexpectedSequences(t *testing.T) {
 					break
 				}
 			}
-			eventually(t, "the stream closed and nothing in flight", func() bool {
+			testkit.Eventually(t, "the stream closed and nothing in flight", func() bool {
 				return p.srv.Active() == 0 && p.inFlight() == 0
 			})
 		})

@@ -20,6 +20,7 @@ import (
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier1"
@@ -396,7 +397,7 @@ spec:
 		gh, gq := gw.Pools()[0].PodPrefix()
 		return gh == h && gq == q
 	}
-	eventually(t, "the pods' prefix counters scraped", scrapedAll)
+	testkit.Eventually(t, "the pods' prefix counters scraped", scrapedAll)
 	p := NewPublisher(gw, Config{Region: "r1", Cluster: "c1", Logger: quiet})
 	p.publish(time.Now())
 	h0, q0 := podCounters()
@@ -414,26 +415,11 @@ spec:
 	if h1 == h0 {
 		t.Fatalf("the pods counted no prefix hits (%d/%d)", h1, q1)
 	}
-	eventually(t, "the pods' prefix counters scraped", scrapedAll)
+	testkit.Eventually(t, "the pods' prefix counters scraped", scrapedAll)
 	p.publish(time.Now())
 	want := float64(h1-h0) / float64(q1-q0)
 	if got := p.Latest().Pools[0].PrefixHitRatio; math.Abs(got-want) > 1e-9 {
 		t.Fatalf("prefix hit ratio %v, want the pods' %v", got, want)
-	}
-}
-
-// eventually polls cond until it holds or 20 s pass: live pods and
-// scrapers run on the wall clock over real sockets.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		<-tick.C
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/peers"
 )
@@ -35,7 +36,7 @@ func BenchmarkExchange(b *testing.B) {
 	}
 	aran := send.Start(ctx, idleGateway(b))
 	defer func() { cancel(); <-aran; <-bran; g.Stop() }()
-	eventually(b, "connected", func() bool { return send.Stats().Connected == 1 })
+	testkit.Eventually(b, "connected", func() bool { return send.Stats().Connected == 1 })
 
 	hashes := make([]uint64, 256)
 	for i := range hashes {
@@ -48,10 +49,10 @@ func BenchmarkExchange(b *testing.B) {
 		n++
 		send.Publish("chat", tier1.PrefixEvent{Endpoint: "pod-a", Stamp: n, Hashes: hashes})
 		if n%(1<<14) == 0 { // keep the queue from overflowing
-			eventually(b, "caught up", func() bool { return recv.Stats().Received+send.Stats().Dropped >= n })
+			testkit.Eventually(b, "caught up", func() bool { return recv.Stats().Received+send.Stats().Dropped >= n })
 		}
 	}
-	eventually(b, "every event delivered", func() bool { return recv.Stats().Received+send.Stats().Dropped >= n })
+	testkit.Eventually(b, "every event delivered", func() bool { return recv.Stats().Received+send.Stats().Dropped >= n })
 	if d := send.Stats().Dropped; d > 0 {
 		b.Fatalf("%d of %d events dropped", d, n)
 	}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
@@ -163,7 +164,7 @@ func startReplicas(tb testing.TB, n int, scoring string, share bool, pods []*sim
 			s()
 		}
 	})
-	eventually(tb, "every endpoint scraped by every replica", func() bool {
+	testkit.Eventually(tb, "every endpoint scraped by every replica", func() bool {
 		for _, r := range rs {
 			for _, v := range r.gw.Pools() {
 				for _, ep := range v.Pool.Endpoints() {
@@ -176,7 +177,7 @@ func startReplicas(tb testing.TB, n int, scoring string, share bool, pods []*sim
 		return true
 	})
 	if share {
-		eventually(tb, "every replica connected to its peers", func() bool {
+		testkit.Eventually(tb, "every replica connected to its peers", func() bool {
 			for _, r := range rs {
 				if r.x.Stats().Connected != n {
 					return false
@@ -186,21 +187,6 @@ func startReplicas(tb testing.TB, n int, scoring string, share bool, pods []*sim
 		})
 	}
 	return rs
-}
-
-// eventually polls cond until it holds or 20 s pass: live pods, scrapers
-// and gRPC streams run on the wall clock over real sockets.
-func eventually(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for: %s", what)
-		}
-		<-tick.C
-	}
 }
 
 func chat(text string) string {
@@ -250,7 +236,7 @@ func hitRatio(tb testing.TB, rs []*replica, pods []*sim.LivePod, reqs []string) 
 			// event arrive first, so the measure does not depend on
 			// scheduling luck (on loopback it arrives in well under the
 			// time a request takes; docs/tier1.md discusses the race).
-			eventually(tb, "the dispatch applied by every peer", func() bool {
+			testkit.Eventually(tb, "the dispatch applied by every peer", func() bool {
 				for j, r := range rs {
 					want := int64(0)
 					for o, n := range sentVia {
@@ -396,11 +382,11 @@ func TestDropsAndReconnect(t *testing.T) {
 	go g.Serve(l)
 	defer g.Stop()
 
-	eventually(t, "the queued events applied by the peer", func() bool { return b.Stats().Applied == 4 })
+	testkit.Eventually(t, "the queued events applied by the peer", func() bool { return b.Stats().Applied == 4 })
 	a.Publish("chat", ev(10))
 	a.Publish("chat", tier1.PrefixEvent{Endpoint: "pod-gone", Stamp: 99, Hashes: []uint64{1}})
 	a.Publish("no-such-pool", ev(11))
-	eventually(t, "later events delivered", func() bool { return b.Stats().Received == 7 })
+	testkit.Eventually(t, "later events delivered", func() bool { return b.Stats().Received == 7 })
 	if st := b.Stats(); st.Applied != 5 || st.Unknown != 2 {
 		t.Fatalf("peer: %+v; want 5 applied, 2 unknown", st)
 	}
@@ -443,7 +429,7 @@ func TestConcurrentPublish(t *testing.T) {
 	}
 	aran := a.Start(ctx, idleGateway(t))
 	defer func() { cancel(); <-aran; <-bran; g.Stop() }()
-	eventually(t, "connected", func() bool { return a.Stats().Connected == 1 })
+	testkit.Eventually(t, "connected", func() bool { return a.Stats().Connected == 1 })
 
 	const workers, each = 8, 500
 	var wg sync.WaitGroup
@@ -457,7 +443,7 @@ func TestConcurrentPublish(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	eventually(t, "the queue drained", func() bool {
+	testkit.Eventually(t, "the queue drained", func() bool {
 		st := a.Stats()
 		return st.Sent+st.Dropped == workers*each && b.Stats().Received == st.Sent
 	})
@@ -485,11 +471,11 @@ func TestReplicasShareInFlight(t *testing.T) {
 	// Published counts are absolute: the latest per endpoint wins.
 	ep := rs[0].gw.Pools()[0].Pool.Endpoints()[0]
 	rs[0].x.PublishInFlight("chat", ep.ID, 5)
-	eventually(t, "replica 1 sees replica 0's 5 requests", func() bool { return peerCount(rs[1]) == 5 })
+	testkit.Eventually(t, "replica 1 sees replica 0's 5 requests", func() bool { return peerCount(rs[1]) == 5 })
 	rs[0].x.PublishInFlight("chat", ep.ID, 2)
-	eventually(t, "replica 1 sees them fall to 2", func() bool { return peerCount(rs[1]) == 2 })
+	testkit.Eventually(t, "replica 1 sees them fall to 2", func() bool { return peerCount(rs[1]) == 2 })
 	rs[0].x.PublishInFlight("chat", ep.ID, 0)
-	eventually(t, "and to 0", func() bool { return peerCount(rs[1]) == 0 })
+	testkit.Eventually(t, "and to 0", func() bool { return peerCount(rs[1]) == 0 })
 	// Through the proxy: a request served by replica 0 is published when
 	// dispatched and when done, so replica 1 ends at 0 again, having
 	// received the counts (applied, not unknown).
@@ -503,7 +489,7 @@ func TestReplicasShareInFlight(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	eventually(t, "replica 1 applied replica 0's dispatch and end", func() bool {
+	testkit.Eventually(t, "replica 1 applied replica 0's dispatch and end", func() bool {
 		return rs[1].x.Stats().InFlight >= before+2 && peerCount(rs[1]) == 0
 	})
 	if u := rs[1].x.Stats().Unknown; u != 0 {
