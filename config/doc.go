@@ -1,0 +1,8 @@
+// Package config reads Meridian's configuration: Kubernetes-style YAML
+// documents (Topology, InferenceGatewayConfig, Tenant,
+// InferenceModelRewrite, the GIE pool and endpoint-picker shapes, …)
+// decoded and validated into one Snapshot, with every error naming the
+// file and the field path. The documents come from a directory (LoadDir)
+// or from etcd (EtcdSource, watched; Store writes), and the last snapshot that
+// validated is kept on disk so a restart serves it when etcd is unreachable.
+package config
