@@ -2,6 +2,9 @@ package tier2
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -144,6 +148,10 @@ func TestAuthSettingsReload(t *testing.T) {
 	}
 	writeJWKS("ec.json", ecK)
 	writeJWKS("rsa.json", rsaK)
+	jwksSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		json.NewEncoder(w).Encode(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{jwk(rsaK)}})
+	}))
+	defer jwksSrv.Close()
 	base := `      issuer: https://auth.example.com/
       audiences: [meridian]
       jwksFile: ec.json
@@ -178,6 +186,14 @@ func TestAuthSettingsReload(t *testing.T) {
 				}
 			}},
 		{"jwks source", strings.Replace(base, "ec.json", "rsa.json", 1), rsaK, claims(nil), false, true, nil},
+		{"jwks URL", strings.Replace(base, "jwksFile: ec.json", "jwksURL: "+jwksSrv.URL, 1), rsaK, claims(nil), false, true, nil},
+		{"criticality claim", strings.Replace(base, "present: [sub, tenant]}", "present: [sub, tenant], criticality: level}", 1), ecK,
+			claims(func(c jwt.MapClaims) { c["criticality"] = "Critical"; c["level"] = "Sheddable" }), true, true,
+			func(t *testing.T, c *Caller) {
+				if c.Band != "Sheddable" {
+					t.Fatalf("band %q, want Sheddable from the new criticality claim", c.Band)
+				}
+			}},
 		{"clock skew", base + "\n      clockSkew: 10m", ecK, claims(func(c jwt.MapClaims) { c["exp"] = now.Add(-5 * time.Minute).Unix() }), false, true, nil},
 	}
 	for _, tc := range cases {
@@ -214,4 +230,65 @@ func TestAuthSettingsReload(t *testing.T) {
 	if _, err := in.Router.auth.Load().Authenticate(t.Context(), "Bearer "+sign(t, ecK, claims(nil))); err != nil {
 		t.Fatalf("a refused reload changed the running settings: %v", err)
 	}
+}
+
+// A changed jwksRefresh takes effect on reload: the periodic refresh runs
+// at the new interval (here it picks up a key rotated in place under the
+// same kid, which an on-demand refresh for an unknown kid would not).
+func TestJWKSRefreshIntervalReloads(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		_, ecK, _ := newKeys(t)
+		rotated := ecK
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rotated.priv = k // same kid, new key
+		write := func(k testKey) {
+			b, _ := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{jwk(k)}})
+			if err := os.WriteFile(filepath.Join(dir, "keys.json"), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write(ecK)
+		base := `      issuer: https://auth.example.com/
+      audiences: [meridian]
+      jwksFile: keys.json
+      jwksRefresh: 1h
+      requiredClaims: {present: [sub, tenant]}`
+		in, err := NewInstance(t.Context(), InstanceConfig{Region: "r1", Name: "t", Logger: slog.New(slog.DiscardHandler)},
+			reloadSnapshot(t, dir, base, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		in.authMu.Lock()
+		in.keysCtx = ctx // as Run does
+		in.runKeysLocked()
+		in.authMu.Unlock()
+
+		c := goodClaims()
+		c["iat"], c["exp"] = time.Now().Add(-time.Minute).Unix(), time.Now().Add(24*time.Hour).Unix()
+		tok := "Bearer " + sign(t, rotated, c)
+		accepted := func() bool {
+			_, err := in.Router.auth.Load().Authenticate(context.Background(), tok)
+			return err == nil
+		}
+		write(rotated)
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		if accepted() {
+			t.Fatal("the rotated key was picked up before any refresh was due (1h)")
+		}
+		in.apply(ctx, reloadSnapshot(t, dir, strings.Replace(base, "1h", "1m", 1), 2))
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		if !accepted() {
+			t.Fatal("2 minutes after jwksRefresh became 1m, the rotated key is still not in force")
+		}
+		cancel()
+		synctest.Wait()
+	})
 }

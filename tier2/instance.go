@@ -270,7 +270,9 @@ func (in *Instance) commitAuth(p *pendingAuth) *Authenticator {
 	}
 	in.authMu.Lock()
 	defer in.authMu.Unlock()
-	if p.keys != in.keys {
+	restart := p.keys != in.keys || in.jwt == nil || in.jwt.JWKSRefresh != p.jwt.JWKSRefresh
+	in.jwt, in.jwtDir = p.jwt, p.dir // before runKeysLocked, which reads the refresh interval
+	if restart {
 		if in.stopKeys != nil {
 			in.stopKeys()
 			in.stopKeys = nil
@@ -280,7 +282,6 @@ func (in *Instance) commitAuth(p *pendingAuth) *Authenticator {
 			in.runKeysLocked()
 		}
 	}
-	in.jwt, in.jwtDir = p.jwt, p.dir
 	return p.auth
 }
 

@@ -345,9 +345,15 @@ func TestValidatedBeforeCharge(t *testing.T) {
 	}
 	<-d.handled
 	// The next one is over the limit: a 429 in OpenAI's shape.
-	e := readErr(t, d.post(t, t.Context(), tok, "/v1/completions", `{"model":"chat-model","prompt":"x","max_tokens":2}`, nil), 429)
+	resp = d.post(t, t.Context(), tok, "/v1/completions", `{"model":"chat-model","prompt":"x","max_tokens":2}`, nil)
+	e := readErr(t, resp, 429)
 	if e.Error.Type != "requests" || e.Error.Code == nil || *e.Error.Code != "rate_limit_exceeded" || e.Error.Param != nil {
 		t.Fatalf("429 body %+v, want type requests, code rate_limit_exceeded, param null", e.Error)
+	}
+	// Its rate-limit headers agree with the decision: nothing remains.
+	if got := resp.Header.Get("x-ratelimit-remaining-requests"); got != "0" || resp.Header.Get("x-ratelimit-limit-requests") != "1" || resp.Header.Get("retry-after") == "" {
+		t.Fatalf("429 headers: remaining %q, limit %q, retry-after %q; want 0, 1 and a retry-after", got,
+			resp.Header.Get("x-ratelimit-limit-requests"), resp.Header.Get("retry-after"))
 	}
 }
 

@@ -25,6 +25,8 @@ type server struct {
 	// abort, when set, is called when a drain's deadline passes, before
 	// the remaining connections are closed.
 	abort func()
+	// drainAfter bounds the drain; zero means drainTimeout.
+	drainAfter time.Duration
 }
 
 // listen binds addr now, so that a port conflict is reported before
@@ -59,11 +61,15 @@ func (s *server) serve(ctx context.Context, log *slog.Logger) error {
 	return nil
 }
 
-// drain stops accepting and waits up to drainTimeout for in-flight
+// drain stops accepting and waits up to drainAfter for in-flight
 // requests; then abort (if set) ends them with an error event, given a
 // moment to be written, and the rest is closed.
 func (s *server) drain(log *slog.Logger) {
-	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	d := s.drainAfter
+	if d <= 0 {
+		d = drainTimeout
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	if err := s.srv.Shutdown(sctx); err == nil {
 		return

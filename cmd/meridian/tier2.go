@@ -130,13 +130,7 @@ func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport
 		src.close()
 		return nil, err
 	}
-	var protos http.Protocols
-	protos.SetHTTP1(true)
-	protos.SetHTTP2(true)
-	protos.SetUnencryptedHTTP2(true)
-	fs.srv.Protocols = &protos
-	fs.srv.MaxHeaderBytes = 64 << 10 // 431 beyond
-	fs.abort = inst.Router.Abort     // streams still open at the drain deadline get an error event
+	frontDoorServer(fs, inst.Router.Abort)
 	out.servers = append(out.servers, fs)
 	if f.metrics != "" {
 		admin := metricsHandler(reg).(*http.ServeMux)
@@ -184,6 +178,20 @@ func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport
 		return g.Wait()
 	}
 	return out, nil
+}
+
+// frontDoorServer sets up the front door's listener: HTTP/1.1 and h2c,
+// at most 64 KiB of request headers (Go answers 431 beyond), and abort
+// (the router's) called at a drain's deadline so that the streams still
+// open get an error event before their connections close.
+func frontDoorServer(s *server, abort func()) {
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetHTTP2(true)
+	protos.SetUnencryptedHTTP2(true)
+	s.srv.Protocols = &protos
+	s.srv.MaxHeaderBytes = 64 << 10
+	s.abort = abort
 }
 
 func runTier2(ctx context.Context, f tier2Flags, log *slog.Logger) error {
