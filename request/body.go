@@ -113,6 +113,37 @@ func Read(r io.Reader, maxBytes int64) (*Body, []byte, error) {
 	return b, data, err
 }
 
+// ReadSized is Read for a body that announces its length (an HTTP
+// Content-Length; ≤ 0 when unknown): a body of that length within the
+// limit is read into one buffer of its size, without the copies of a
+// growing one.
+func ReadSized(r io.Reader, size, maxBytes int64) (*Body, []byte, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxBytes
+	}
+	if size <= 0 || size > maxBytes {
+		return Read(r, maxBytes)
+	}
+	data := make([]byte, size)
+	if _, err := io.ReadFull(r, data); err != nil {
+		return nil, nil, fmt.Errorf("request: reading body: %w", err)
+	}
+	var one [1]byte
+	if n, _ := r.Read(one[:]); n > 0 {
+		// Longer than announced: read the rest as Read does.
+		rest, err := io.ReadAll(io.LimitReader(r, maxBytes-size))
+		if err != nil {
+			return nil, nil, fmt.Errorf("request: reading body: %w", err)
+		}
+		data = append(append(data, one[0]), rest...)
+		if int64(len(data)) > maxBytes {
+			return nil, nil, fmt.Errorf("request: %w: more than %d bytes", ErrTooLarge, maxBytes)
+		}
+	}
+	b, err := Parse(data, maxBytes)
+	return b, data, err
+}
+
 // Parse reads a body of at most maxBytes bytes (DefaultMaxBytes when
 // maxBytes ≤ 0).
 func Parse(data []byte, maxBytes int64) (*Body, error) {

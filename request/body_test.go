@@ -117,6 +117,51 @@ func TestRead(t *testing.T) {
 	}
 }
 
+// ReadSized reads exactly what Read reads, whatever length is announced.
+func TestReadSized(t *testing.T) {
+	body := `{"model":"m","prompt":"` + strings.Repeat("x", 100) + `"}`
+	n := int64(len(body))
+	for _, size := range []int64{0, -1, n, n - 10, n + 10} { // n+10: over the limit, read as Read does
+		_, raw, err := ReadSized(strings.NewReader(body), size, n)
+		switch {
+		case err != nil:
+			t.Errorf("announced %d: %v", size, err)
+		case string(raw) != body:
+			t.Errorf("announced %d: read %q", size, raw)
+		}
+	}
+	if _, _, err := ReadSized(strings.NewReader(body), n-10, n-1); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("over the limit with a short announced length: err = %v, want ErrTooLarge", err)
+	}
+	if _, _, err := ReadSized(strings.NewReader(body), n, n-1); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("announced over the limit: err = %v, want ErrTooLarge", err)
+	}
+	if _, _, err := ReadSized(strings.NewReader(body[:50]), n, n); err == nil {
+		t.Fatal("a body shorter than announced was read without an error")
+	}
+}
+
+// AppendPromptHead is the head of AppendPromptText, for every limit.
+func TestAppendPromptHead(t *testing.T) {
+	for _, raw := range []string{
+		`{"model":"m","prompt":"` + strings.Repeat("abc", 200) + `"}`,
+		`{"model":"m","messages":[{"role":"system","content":"` + strings.Repeat("s", 300) + `"},{"role":"user","content":[{"type":"text","text":"` +
+			strings.Repeat("t", 300) + `"},{"type":"image_url","image_url":{"url":"http://x/y.png"}}]},{"role":"user","content":"` + strings.Repeat("u", 500) + `"}]}`,
+	} {
+		b, err := Parse([]byte(raw), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		full := AppendPromptText(nil, b)
+		for _, limit := range []int{0, 1, 255, 256, 300, 303, 304, 620, 1024, len(full), len(full) + 5} {
+			want := full[:min(limit, len(full))]
+			if got := AppendPromptHead([]byte("pre"), b, limit); string(got) != "pre"+string(want) {
+				t.Errorf("limit %d: %q, want %q", limit, got, want)
+			}
+		}
+	}
+}
+
 func TestEstimateTokens(t *testing.T) {
 	b := Body{Kind: Completion, Prompt: strings.Repeat("x", 400)}
 	if got := b.EstimateTokens(); got != 100 {

@@ -51,6 +51,34 @@ func AppendPromptText(dst []byte, b *Body) []byte {
 	return dst
 }
 
+// AppendPromptHead appends the first limit bytes of the prompt text
+// AppendPromptText appends, without building the rest of a long prompt.
+func AppendPromptHead(dst []byte, b *Body, limit int) []byte {
+	start := len(dst)
+	switch b.Kind {
+	case Completion:
+		return append(dst, b.Prompt[:min(len(b.Prompt), max(limit, 0))]...)
+	case Chat:
+		for i := range b.Messages {
+			room := limit - (len(dst) - start)
+			if room <= 0 {
+				break
+			}
+			one := [1]Message{b.Messages[i]}
+			if one[0].Parts == nil && len(one[0].Content) > room {
+				// Content is copied verbatim after the role, so its head
+				// is the head of the message's text.
+				one[0].Content = one[0].Content[:room]
+			}
+			dst = AppendPromptText(dst, &Body{Kind: Chat, Messages: one[:]})
+		}
+	}
+	if len(dst)-start > limit {
+		dst = dst[:start+max(limit, 0)]
+	}
+	return dst
+}
+
 // AppendGIEPrompt appends the prompt as the Gateway API Inference
 // Extension's prefix-cache scorer hashes it: a completion's prompt string,
 // or for a chat the output of Go's encoding/json for GIE's message type

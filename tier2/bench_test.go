@@ -2,6 +2,7 @@ package tier2
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -36,10 +37,16 @@ func sseBody(model string, events int) []byte {
 	return []byte(b.String())
 }
 
-// BenchmarkServeInference is one streamed request through every stage:
-// JWT verification, parsing, resolution, admission, rate limits, cluster
-// choice, relaying 16 events and settling usage.
-func BenchmarkServeInference(b *testing.B) {
+// inferenceFixture is a Router with every stage on (JWT verification,
+// admission, rate limits, cluster choice) in front of a canned Tier-1.
+type inferenceFixture struct {
+	h       http.Handler
+	tok     string
+	refresh func()
+	last    time.Time
+}
+
+func newInferenceFixture(tb testing.TB) *inferenceFixture {
 	docs, errs := config.Decode("bench.yaml", []byte(frontDoorConfig+`---
 apiVersion: meridian.dev/v1alpha1
 kind: Tenant
@@ -50,26 +57,28 @@ spec:
     tokens: {limit: 1000000000000, per: 1m}
 `))
 	if len(errs) > 0 {
-		b.Fatal(errs)
+		tb.Fatal(errs)
 	}
 	snap, err := config.Build(docs, 1)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology)})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
+	f := &inferenceFixture{}
 	version := uint64(0)
-	refresh := func() {
+	f.refresh = func() {
 		version++
+		f.last = time.Now()
 		fleet.Digests().Put(regions.Digest{Region: "r1", Cluster: "c1", Pool: "chat", Model: "chat-model", ReadyPods: 4, TotalPods: 4,
-			Headroom: 1, Version: version, Produced: time.Now()})
+			Headroom: 1, Version: version, Produced: f.last})
 	}
-	refresh()
+	f.refresh()
 	lim, err := ratelimit.New(ratelimit.DefaultConfig("bench"))
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	_, ecK, _ := newKeys(&testing.T{})
 	r, err := NewRouter(Config{
@@ -79,40 +88,88 @@ spec:
 		Logger:   slog.New(slog.DiscardHandler),
 	}, snap)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	claims := goodClaims()
 	claims["tenant"] = "team"
 	claims["iat"] = time.Now().Unix()
 	claims["exp"] = time.Now().Add(time.Hour).Unix()
 	delete(claims, "criticality")
-	tok := "Bearer " + signB(b, ecK, claims)
-	body := []byte(`{"model":"chat-model","stream":true,"max_tokens":16,"messages":[{"role":"system","content":"` +
-		strings.Repeat("You are a helpful assistant. ", 20) + `"},{"role":"user","content":"hello"}]}`)
-	h := r.Handler()
-	refresh() // after the set-up, which takes seconds on a loaded machine
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if i%100 == 99 {
-			refresh() // digests expire after 5 s
-		}
-		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
-		req.Header.Set("Authorization", tok)
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, req)
-		if w.Code != 200 {
-			b.Fatalf("status %d: %s", w.Code, w.Body.String())
-		}
+	tok := jwt.NewWithClaims(ecK.method, claims)
+	tok.Header["kid"] = ecK.kid
+	s, err := tok.SignedString(ecK.priv)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f.tok, f.h = "Bearer "+s, r.Handler()
+	return f
+}
+
+// chatBody is a streamed chat request whose user message makes the body
+// about size bytes (at least ~700: a 600-byte system prompt).
+func chatBody(size int) []byte {
+	head := `{"model":"chat-model","stream":true,"max_tokens":16,"messages":[{"role":"system","content":"` +
+		strings.Repeat("You are a helpful assistant. ", 20) + `"},{"role":"user","content":"`
+	tail := `"}]}`
+	user := "hello"
+	if n := size - len(head) - len(tail); n > len(user) {
+		user = strings.Repeat("The quick brown fox jumps over the lazy dog. ", n/45+1)[:n]
+	}
+	return []byte(head + user + tail)
+}
+
+// serve runs one request through the handler and fails unless it is
+// relayed whole.
+func (f *inferenceFixture) serve(tb testing.TB, body []byte) {
+	if time.Since(f.last) > time.Second {
+		f.refresh() // digests expire after 5 s
+	}
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+	req.Header.Set("Authorization", f.tok)
+	w := httptest.NewRecorder()
+	f.h.ServeHTTP(w, req)
+	if w.Code != 200 || !bytes.HasSuffix(w.Body.Bytes(), []byte("data: [DONE]\n\n")) {
+		tb.Fatalf("status %d: %s", w.Code, w.Body.String())
 	}
 }
 
-func signB(b *testing.B, k testKey, claims jwt.MapClaims) string {
-	tok := jwt.NewWithClaims(k.method, claims)
-	tok.Header["kid"] = k.kid
-	s, err := tok.SignedString(k.priv)
-	if err != nil {
-		b.Fatal(err)
+// BenchmarkServeInference is one streamed request through every stage:
+// JWT verification, parsing, validation, resolution, admission, rate
+// limits, cluster choice, relaying 16 events and settling usage; with a
+// short prompt and with a 225,280-byte one.
+func BenchmarkServeInference(b *testing.B) {
+	for _, size := range []int{700, 225280} {
+		b.Run(fmt.Sprintf("bytes=%d", size), func(b *testing.B) {
+			f := newInferenceFixture(b)
+			body := chatBody(size)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				f.serve(b, body)
+			}
+		})
 	}
-	return s
+}
+
+// serveInferenceAllocs is the allocation budget of one streamed request
+// through Router.Handler (the stages, the relay of 16 events and the
+// test's own request and recorder), short prompt and 225 KB prompt:
+// BenchmarkServeInference's figures when the budget was set. A change
+// that allocates more per request fails TestServeInferenceAllocs.
+var serveInferenceAllocs = map[int]float64{700: 78, 225280: 80}
+
+func TestServeInferenceAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under the race detector")
+	}
+	f := newInferenceFixture(t)
+	for size, budget := range serveInferenceAllocs {
+		body := chatBody(size)
+		f.serve(t, body) // warm the token cache and the pools
+		got := testing.AllocsPerRun(200, func() { f.serve(t, body) })
+		t.Logf("%d-byte body: %.1f allocations per request (budget %.0f)", len(body), got, budget)
+		if got > budget {
+			t.Errorf("%d-byte body: %.1f allocations per request, budget %.0f", len(body), got, budget)
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,8 +41,10 @@ func (r *Router) prefixHash(c *call) uint64 {
 	if c.body == nil {
 		return 0
 	}
-	text := request.AppendPromptText(nil, c.body)
-	n := min(len(text), 256*r.cfg.PrefixBlocks)
+	var buf [1024]byte // the default 4 blocks, without allocating
+	limit := 256 * r.cfg.PrefixBlocks
+	text := request.AppendPromptHead(buf[:0], c.body, limit)
+	n := min(len(text), limit)
 	if n < 256 {
 		return 0 // too short to be a shared prefix worth following
 	}
@@ -69,7 +72,7 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 		r.reject(st, c, request.Unavailable("no_cluster", fmt.Sprintf("no healthy cluster serves model %q", c.resolved.Target)), w)
 		return
 	}
-	body := c.raw
+	body := bodyOf(c.raw)
 	// Every stream asks upstream for usage (vLLM's per-chunk
 	// continuous_usage_stats and the final include_usage chunk), so that
 	// token limits settle on what was relayed even when the stream ends
@@ -99,7 +102,7 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 			}
 			r.m.retries.WithLabelValues(last.reason).Inc()
 		}
-		resp, cancel, aerr := r.send(req.Context(), t, req, body, c)
+		resp, cancel, aerr := r.send(req.Context(), t, req, &body, c)
 		if aerr != nil {
 			r.cfg.Fleet.End(t, aerr.result)
 			last = aerr
@@ -117,7 +120,7 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 		code := r.relay(w, resp, c, cancel)
 		cancel(nil)
 		r.cfg.Fleet.End(t, regions.Success)
-		r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), t.Region, t.Cluster, fmt.Sprint(code)).Inc()
+		r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), t.Region, t.Cluster, statusLabel(code)).Inc()
 		return
 	}
 	r.settle(c, 0)
@@ -155,16 +158,18 @@ type attemptErr struct {
 // send tries one cluster. A response is returned only when it may be
 // relayed: connect errors, timeouts, 5xx and 429 come back as attemptErr.
 // The attempt's context ends with cancel (or a timeout, or Abort).
-func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, body []byte, c *call) (*http.Response, context.CancelCauseFunc, *attemptErr) {
+func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, body *sendBody, c *call) (*http.Response, context.CancelCauseFunc, *attemptErr) {
 	r.cfg.Fleet.Begin(t)
 	actx, cancel := context.WithCancelCause(ctx)
 	stopAbort := context.AfterFunc(r.stopping, func() { cancel(errShutdown) })
 	done := func(err error) { stopAbort(); cancel(err) }
-	out, err := http.NewRequestWithContext(actx, http.MethodPost, strings.TrimSuffix(t.Tier1, "/")+in.URL.Path, bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(actx, http.MethodPost, strings.TrimSuffix(t.Tier1, "/")+in.URL.Path, nil)
 	if err != nil {
 		done(err)
 		return nil, nil, &attemptErr{reason: "connect", result: regions.Failure, cause: err}
 	}
+	out.Body = body.reader()
+	out.GetBody = func() (io.ReadCloser, error) { return body.reader(), nil } // a stale keep-alive connection is retried
 	for k, vs := range in.Header {
 		switch k {
 		case "Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", insecureCriticality:
@@ -172,14 +177,18 @@ func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, b
 		}
 		out.Header[k] = vs
 	}
+	// Set as Header.Set does (the keys are canonical), with one array
+	// for the values.
 	band := c.band.String()
-	out.Header.Set("X-Meridian-Tenant", c.caller.Tenant)
-	out.Header.Set("X-Meridian-Band", band)
-	out.Header.Set("X-Gateway-Inference-Fairness-Id", c.caller.Tenant)
+	vals := [...]string{c.caller.Tenant, band, ""}
+	out.Header["X-Meridian-Tenant"] = vals[0:1:1]
+	out.Header["X-Meridian-Band"] = vals[1:2:2]
+	out.Header["X-Gateway-Inference-Fairness-Id"] = vals[0:1:1]
 	if r.cfg.Tier1Key != nil {
-		out.Header.Set(trust.Header, trust.Sign(r.cfg.Tier1Key, c.caller.Tenant, band, r.cfg.Now()))
+		vals[2] = trust.Sign(r.cfg.Tier1Key, c.caller.Tenant, band, r.cfg.Now())
+		out.Header[trust.Header] = vals[2:3:3]
 	}
-	out.ContentLength = int64(len(body))
+	out.ContentLength = body.size()
 	timer := time.AfterFunc(r.headerTimeout(c), func() { cancel(errHeaderTimeout) })
 	resp, err := r.cfg.Transport.RoundTrip(out)
 	timer.Stop()
@@ -236,8 +245,9 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 			h.Del(k)
 		}
 	}
-	h.Set("x-meridian-region", c.served.Region)
-	h.Set("x-meridian-cluster", c.served.Cluster)
+	served := [...]string{c.served.Region, c.served.Cluster} // h.Set, one array for both
+	h["X-Meridian-Region"] = served[0:1:1]
+	h["X-Meridian-Cluster"] = served[1:2:2]
 	w.WriteHeader(resp.StatusCode)
 	first := false
 	markFirst := func() {
@@ -271,10 +281,23 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	defer func() { br.Reset(nil); r.readers.Put(br) }()
 	var acct streamAccount
 	skipBlank := false
+	// pending: bytes written since the last flush. They are flushed
+	// before any read that would wait on the network (nothing complete is
+	// buffered), not after every event: events that arrived together
+	// leave in one write, as nginx relays them, and none waits behind a
+	// read.
+	pending := false
 	for {
 		line, err := br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
 			// An event line longer than the buffer: pass it through whole.
+			if pending {
+				if rc.Flush() != nil {
+					r.settle(c, acct.tokens(c))
+					return resp.StatusCode
+				}
+				pending = false
+			}
 			rest, _ := br.ReadBytes('\n')
 			line = append(append([]byte(nil), line...), rest...)
 			err = nil
@@ -304,13 +327,15 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 					return resp.StatusCode
 				}
 				acct.commit(ev)
-				if len(bytes.TrimSpace(line)) == 0 {
-					if rc.Flush() != nil {
-						r.settle(c, acct.tokens(c))
-						return resp.StatusCode
-					}
-				}
+				pending = true
 			}
+		}
+		if pending && err == nil && !lineBuffered(br) {
+			if rc.Flush() != nil {
+				r.settle(c, acct.tokens(c))
+				return resp.StatusCode
+			}
+			pending = false
 		}
 		if err == io.EOF {
 			rc.Flush()
@@ -333,6 +358,53 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 			return resp.StatusCode
 		}
 	}
+}
+
+// statusLabel is fmt.Sprint(code) without allocating for the usual codes.
+func statusLabel(code int) string {
+	switch code {
+	case http.StatusOK:
+		return "200"
+	case http.StatusTooManyRequests:
+		return "429"
+	}
+	return strconv.Itoa(code)
+}
+
+// rateLimitKeys are ratelimit.Decision.Headers' keys in canonical form.
+var rateLimitKeys = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
+		"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens", "retry-after", "retry-after-ms"} {
+		m[k] = http.CanonicalHeaderKey(k)
+	}
+	return m
+}()
+
+// headerSetter is h.Set for ratelimit.Decision.Headers without
+// canonicalizing its known keys per request, and one array for the values.
+func headerSetter(h http.Header) func(k, v string) {
+	vals := make([]string, 0, len(rateLimitKeys))
+	return func(k, v string) {
+		ck, ok := rateLimitKeys[k]
+		if !ok || len(vals) == cap(vals) {
+			h.Set(k, v)
+			return
+		}
+		vals = append(vals, v)
+		h[ck] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+}
+
+// lineBuffered reports whether br holds a whole line: the next ReadSlice
+// returns it without reading from the network.
+func lineBuffered(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n == 0 {
+		return false
+	}
+	b, _ := br.Peek(n)
+	return bytes.IndexByte(b, '\n') >= 0
 }
 
 // settle reconciles the token estimate charged at admission with the
@@ -364,44 +436,133 @@ func usageTokens(b []byte) int64 {
 	return u.total
 }
 
+// sendBody is a request body sent upstream as pieces: the caller's bytes
+// around Tier-2's edits, so that a long prompt is never copied.
+type sendBody struct {
+	parts [5][]byte
+	n     int
+}
+
+func bodyOf(b []byte) sendBody {
+	var s sendBody
+	s.add(b)
+	return s
+}
+
+func (s *sendBody) add(b []byte) {
+	if len(b) > 0 {
+		s.parts[s.n] = b
+		s.n++
+	}
+}
+
+func (s *sendBody) size() int64 {
+	var n int64
+	for _, p := range s.parts[:s.n] {
+		n += int64(len(p))
+	}
+	return n
+}
+
+// bytes joins the pieces (tests).
+func (s *sendBody) bytes() []byte {
+	var out []byte
+	for _, p := range s.parts[:s.n] {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// reader reads the pieces in order.
+func (s *sendBody) reader() *partsReader {
+	return &partsReader{parts: s.parts, n: s.n}
+}
+
+// partsReader is an io.ReadCloser and io.WriterTo over a sendBody.
+type partsReader struct {
+	parts [5][]byte
+	i, n  int
+}
+
+func (r *partsReader) Read(p []byte) (int, error) {
+	for r.i < r.n && len(r.parts[r.i]) == 0 {
+		r.i++
+	}
+	if r.i == r.n {
+		return 0, io.EOF
+	}
+	k := copy(p, r.parts[r.i])
+	r.parts[r.i] = r.parts[r.i][k:]
+	return k, nil
+}
+
+func (r *partsReader) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	for ; r.i < r.n; r.i++ {
+		k, err := w.Write(r.parts[r.i])
+		total += int64(k)
+		r.parts[r.i] = r.parts[r.i][k:]
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+func (r *partsReader) Close() error { return nil }
+
 // rewriteBody returns body with its "model" replaced by model and, when
 // askUsage, stream_options asking for usage in every chunk and at the end.
 // hasOptions says the body has a stream_options object (request.Params).
-// The common cases are byte edits of the original (a body may be
-// megabytes of prompt); anything unusual goes through a full decode.
-func rewriteBody(body []byte, public, model string, askUsage, hasOptions bool) ([]byte, error) {
-	out := body
+// The common cases are pieces of the original around the edits (a body
+// may be megabytes of prompt); anything unusual goes through a full
+// decode.
+func rewriteBody(body []byte, public, model string, askUsage, hasOptions bool) (sendBody, error) {
+	var out sendBody
+	// hasOptions is the last top-level "stream_options" (request.Validate
+	// reads duplicated keys as upstream does): when it is an object the
+	// caller's options are merged; otherwise the object appended last
+	// below is the one upstream reads. Either way no scan of a long body.
+	if askUsage && hasOptions {
+		return rewriteBodySlow(body, model, askUsage)
+	}
+	// Appended last: with duplicated keys the last one wins, in Go and in
+	// Python alike. The body is a JSON object (it was parsed), so its
+	// last '}' closes it, after every member.
+	end := len(body)
+	if askUsage {
+		if end = bytes.LastIndexByte(body, '}'); end < 0 {
+			return out, errors.New("malformed JSON body: not an object")
+		}
+	}
+	rest := body[:end]
 	if model != public {
 		q, _ := json.Marshal(public)
 		from := append([]byte(`"model":`), q...)
-		if bytes.Count(body, from) != 1 {
+		i := bytes.Index(rest, from)
+		if i < 0 || bytes.Contains(body[i+len(from):], from) {
 			return rewriteBodySlow(body, model, askUsage)
 		}
 		to, _ := json.Marshal(model)
-		out = bytes.Replace(body, from, append([]byte(`"model":`), to...), 1)
+		out.add(rest[:i])
+		out.add(append([]byte(`"model":`), to...))
+		rest = rest[i+len(from):]
 	}
+	out.add(rest)
 	if askUsage {
-		if hasOptions || bytes.Contains(out, []byte(`"stream_options"`)) {
-			return rewriteBodySlow(body, model, askUsage)
-		}
-		// Appended last: with duplicated keys the last one wins, in Go and
-		// in Python alike.
-		i := bytes.LastIndexByte(out, '}')
-		if i < 0 {
-			return nil, errors.New("malformed JSON body: not an object")
-		}
-		const field = `,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`
-		edited := make([]byte, 0, len(out)+len(field))
-		edited = append(edited, out[:i]...)
-		edited = append(edited, field...)
-		edited = append(edited, out[i:]...)
-		out = edited
+		out.add([]byte(`,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`))
+		out.add(body[end:])
 	}
 	return out, nil
 }
 
 // rewriteBodySlow is rewriteBody by a full decode and encode.
-func rewriteBodySlow(body []byte, model string, askUsage bool) ([]byte, error) {
+func rewriteBodySlow(body []byte, model string, askUsage bool) (sendBody, error) {
+	b, err := rewriteBodyDecoded(body, model, askUsage)
+	return bodyOf(b), err
+}
+
+func rewriteBodyDecoded(body []byte, model string, askUsage bool) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, fmt.Errorf("malformed JSON body: %w", err)

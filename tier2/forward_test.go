@@ -1,7 +1,9 @@
 package tier2
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 )
@@ -19,9 +21,13 @@ func TestRewriteBody(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := rewriteBody([]byte(tc.body), tc.public, tc.target, tc.usage, strings.Contains(tc.body, "stream_options"))
+			sb, err := rewriteBody([]byte(tc.body), tc.public, tc.target, tc.usage, strings.Contains(tc.body, "stream_options"))
 			if err != nil {
 				t.Fatal(err)
+			}
+			out := sb.bytes()
+			if got, _ := io.ReadAll(sb.reader()); !bytes.Equal(got, out) || int64(len(out)) != sb.size() {
+				t.Fatalf("reader gives %q (%d bytes announced), want %q", got, sb.size(), out)
 			}
 			var v struct {
 				Model         string

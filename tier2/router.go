@@ -431,7 +431,7 @@ func (r *Router) reject(st *state, c *call, e *request.APIError, w http.Response
 	if c.body != nil {
 		model = st.modelLabel(c.body.Model)
 	}
-	r.m.requests.WithLabelValues(model, st.modelLabel(c.resolved.Target), "", "", fmt.Sprint(e.Status)).Inc()
+	r.m.requests.WithLabelValues(model, st.modelLabel(c.resolved.Target), "", "", statusLabel(e.Status)).Inc()
 	e.Write(w)
 }
 
@@ -500,7 +500,7 @@ func (r *Router) parse(_ *state, c *call, w http.ResponseWriter, req *http.Reque
 	rc := http.NewResponseController(w)
 	deadline := rc.SetReadDeadline(r.cfg.Now().Add(r.cfg.BodyReadTimeout)) == nil
 	var err error
-	c.body, c.raw, err = request.Read(req.Body, r.cfg.MaxBodyBytes)
+	c.body, c.raw, err = request.ReadSized(req.Body, req.ContentLength, r.cfg.MaxBodyBytes)
 	if deadline {
 		rc.SetReadDeadline(time.Time{})
 	}
@@ -584,7 +584,7 @@ func (r *Router) rateLimit(_ *state, c *call, w http.ResponseWriter, _ *http.Req
 	}
 	est := request.EstimateCharge(int64(c.body.EstimateTokens()), mt, c.params.N)
 	c.rl = r.cfg.Limiter.Allow(ratelimit.Request{Tenant: c.caller.Tenant, Model: c.resolved.Target, Band: c.band.String(), Tokens: est})
-	c.rl.Headers(w.Header().Set)
+	c.rl.Headers(headerSetter(w.Header()))
 	if !c.rl.Allowed {
 		c.settled = true // nothing was charged
 		c.ticket.Done()

@@ -1,0 +1,5 @@
+//go:build !race
+
+package tier2
+
+const raceEnabled = false
