@@ -151,10 +151,14 @@ func startGossipCluster(t *testing.T, n int, oneWay time.Duration, tenants map[s
 			GossipInterval:    5 * time.Millisecond,
 			PushPullInterval:  time.Second,
 			ReconnectInterval: 200 * time.Millisecond,
-			// A short probe interval also bounds how long memberlist's
-			// probe goroutines outlive Close (goleak checks at exit).
-			ProbeInterval: 200 * time.Millisecond,
-			ProbeTimeout:  100 * time.Millisecond,
+			// Patient failure detection: on a loaded machine a 100ms probe
+			// timeout had memberlist declare live nodes dead, stop gossiping
+			// to them and leave each sync waiting for a reconnect (a 3-node
+			// case took 335s at load average 60). The clock the Limiters see
+			// is fake, so this changes nothing they decide. (memberlist's
+			// probe goroutines outliving Close are ignored by TestMain.)
+			ProbeInterval: 2 * time.Second,
+			ProbeTimeout:  time.Second,
 		})
 	}
 	c.nodes = gossiptest.NewNetwork().Start(t, cfgs...)
