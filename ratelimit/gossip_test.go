@@ -386,10 +386,12 @@ func TestClusterOverMemberlist(t *testing.T) {
 			}{{pacedLoad, pacedR, pacedB}, {smallLoad, 1, smallB}} {
 				got := float64(sum(p.ld.between(pacedFrom, pacedTo)))
 				want := p.burst + p.rate*span
-				// Slack: ±10%, and below that the fraction of a request
-				// each instance but one may hold unspent at the end
+				// ±10%, as issue 16 asks (1e-9: 0.9 × 30 is not 27 in
+				// floating point). The small limit over three instances
+				// sits at the edge, 27 of 30: each instance but one may
+				// hold the fraction of a request unspent at the end
 				// (docs/rate-limits.md: stranded fractions).
-				if got < 0.9*want-float64(tc.n-1) || got > 1.1*want {
+				if got < 0.9*want-1e-9 || got > 1.1*want+1e-9 {
 					t.Errorf("%s: paced above the rate admitted %.0f in %.0fs, want burst + rate × time = %.0f ±10%% (per instance %v)",
 						p.ld.tenant, got, span, want, p.ld.between(pacedFrom, pacedTo))
 				}
