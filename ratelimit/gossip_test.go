@@ -151,10 +151,14 @@ func startGossipCluster(t *testing.T, n int, oneWay time.Duration, tenants map[s
 			GossipInterval:    5 * time.Millisecond,
 			PushPullInterval:  time.Second,
 			ReconnectInterval: 200 * time.Millisecond,
-			// A short probe interval also bounds how long memberlist's
-			// probe goroutines outlive Close (goleak checks at exit).
-			ProbeInterval: 200 * time.Millisecond,
-			ProbeTimeout:  100 * time.Millisecond,
+			// Patient failure detection: on a loaded machine a 100ms probe
+			// timeout had memberlist declare live nodes dead, stop gossiping
+			// to them and leave each sync waiting for a reconnect (a 3-node
+			// case took 335s at load average 60). The clock the Limiters see
+			// is fake, so this changes nothing they decide. (memberlist's
+			// probe goroutines outliving Close are ignored by TestMain.)
+			ProbeInterval: 2 * time.Second,
+			ProbeTimeout:  time.Second,
 		})
 	}
 	c.nodes = faultnet.NewNetwork().Start(t, cfgs...)
@@ -382,10 +386,12 @@ func TestClusterOverMemberlist(t *testing.T) {
 			}{{pacedLoad, pacedR, pacedB}, {smallLoad, 1, smallB}} {
 				got := float64(sum(p.ld.between(pacedFrom, pacedTo)))
 				want := p.burst + p.rate*span
-				// Slack: ±10%, and below that the fraction of a request
-				// each instance but one may hold unspent at the end
+				// ±10%, as issue 16 asks (1e-9: 0.9 × 30 is not 27 in
+				// floating point). The small limit over three instances
+				// sits at the edge, 27 of 30: each instance but one may
+				// hold the fraction of a request unspent at the end
 				// (docs/rate-limits.md: stranded fractions).
-				if got < 0.9*want-float64(tc.n-1) || got > 1.1*want {
+				if got < 0.9*want-1e-9 || got > 1.1*want+1e-9 {
 					t.Errorf("%s: paced above the rate admitted %.0f in %.0fs, want burst + rate × time = %.0f ±10%% (per instance %v)",
 						p.ld.tenant, got, span, want, p.ld.between(pacedFrom, pacedTo))
 				}

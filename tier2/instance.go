@@ -345,14 +345,17 @@ func (in *Instance) Run(ctx context.Context, updates <-chan *config.Snapshot) {
 		in.runKeysLocked()
 	}
 	in.authMu.Unlock()
-	if in.Node != nil {
-		goRun(func() {
-			// Run publishes the leaving tombstone itself when ctx ends.
-			in.Limiter.Run(ctx, func(key string, p []byte) {
+	// The Limiter syncs with or without gossip: a lone Tier-2 (no
+	// --gossip-bind) leaves its warm-up share (InitialShare, 5% of every
+	// limit) only at a sync, after Warmup with no peer heard. Run publishes
+	// the leaving tombstone itself when ctx ends.
+	goRun(func() {
+		in.Limiter.Run(ctx, func(key string, p []byte) {
+			if in.Node != nil {
 				in.Node.BroadcastLatest(gossip.ChannelRateLimit, "rl/"+in.cfg.Name+"/"+key, p)
-			})
+			}
 		})
-	}
+	})
 	goRun(func() { in.housekeeping(ctx) })
 	goRun(func() { in.Canary.Run(ctx) })
 	if updates != nil {

@@ -38,7 +38,8 @@ type door struct {
 
 // doorConfig: clusters c1 (and c2 when two upstreams) serve chat-model;
 // tenant "team" has ample limits, "tight" one request a minute,
-// "claims-team" may call chat-model only.
+// "claims-team" may call chat-model only; "support" has the example
+// platform's support-team limits and "few-tokens" 1000 tokens a minute.
 func doorConfig(upstreams ...string) string {
 	var b strings.Builder
 	b.WriteString("apiVersion: meridian.dev/v1alpha1\nkind: Topology\nmetadata: {name: t}\nspec:\n  regions:\n  - name: r1\n    clusters:\n")
@@ -84,6 +85,21 @@ metadata: {name: tight}
 spec:
   limits:
     requests: {limit: 1, per: 1m}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: support}
+spec:
+  limits:
+    requests: {limit: 1200, per: 1m, burst: 100}
+    tokens: {limit: 4000000, per: 1m}
+---
+apiVersion: meridian.dev/v1alpha1
+kind: Tenant
+metadata: {name: few-tokens}
+spec:
+  limits:
+    tokens: {limit: 1000, per: 1m}
 `)
 	return b.String()
 }
