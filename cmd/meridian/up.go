@@ -47,6 +47,7 @@ type upFlags struct {
 	verbose    bool
 	etcd       []string
 	prefix     string
+	front      tier2.Config // every Tier-2's front-door settings (no flag: tests shorten its timeouts)
 }
 
 func newUpCmd() *cobra.Command {
@@ -347,7 +348,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 			addr = "127.0.0.1:0"
 		}
 		t2, err := startTier2(ctx, tier2Flags{src: src.forComponent(name), region: r.Name, name: name, listen: addr, metrics: "127.0.0.1:0",
-			gossipBind: "127.0.0.1:0", join: slices.Clone(joins), gossipProfile: "local"},
+			gossipBind: "127.0.0.1:0", join: slices.Clone(joins), gossipProfile: "local", front: f.front},
 			keys, delayTransport(r.Name, regionOf, snap, f.crossDelay), log, gt)
 		if err != nil {
 			cleanup()
