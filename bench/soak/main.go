@@ -50,6 +50,8 @@ var (
 	maxInFlight = flag.Int("max-in-flight", 128, "requests in flight at most (arrivals beyond it are counted as skipped)")
 	faultEvery  = flag.Duration("fault-every", time.Minute, "inject a fault this often (0: none)")
 	faultFor    = flag.Duration("fault-for", 20*time.Second, "how long each fault lasts")
+	stallEvery  = flag.Duration("stall-every", 0, "also stop the whole meridian up process (SIGSTOP, then SIGCONT) this often, half a period after the pod faults: a CPU-starved host (0: never)")
+	stallFor    = flag.Duration("stall-for", 2*time.Second, "how long each stall lasts")
 	sampleEvery = flag.Duration("sample", 10*time.Second, "sample interval")
 	warmup      = flag.Duration("warmup", time.Minute, "samples before this are not used for the flatness verdict")
 	timeout     = flag.Duration("request-timeout", 60*time.Second, "a request still unfinished after this is abandoned (counted as lost or cut)")
@@ -106,6 +108,7 @@ func run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { injectFaults(loadCtx, p, rec) })
+	wg.Go(func() { stallProcess(loadCtx, p, rec) })
 	wg.Go(func() { sample(loadCtx, p, rec) })
 	generate(loadCtx, p, rec)
 	wg.Wait()
@@ -447,6 +450,42 @@ func injectFaults(ctx context.Context, p *platform, rec *recorder) {
 		}
 		f.Until = time.Since(rec.start)
 		rec.addFault(f)
+	}
+}
+
+// stallProcess stops the whole platform process for -stall-for every
+// -stall-every: every component misses its timers at once, as on a host
+// whose CPU is taken by something else. Digests must stay fresh and
+// memberlist must not declare the Tier-2s dead.
+func stallProcess(ctx context.Context, p *platform, rec *recorder) {
+	if *stallEvery <= 0 {
+		return
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(*stallEvery / 2):
+	}
+	t := time.NewTicker(*stallEvery)
+	defer t.Stop()
+	for {
+		f := fault{At: time.Since(rec.start), Pod: "meridian up (whole process)", Name: "process stalled (SIGSTOP)"}
+		if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			log.Printf("stall: %v", err)
+			return
+		}
+		log.Printf("stall: meridian up stopped for %s", *stallFor)
+		time.Sleep(*stallFor) // bounded; the process must be resumed even when the soak ends
+		if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			log.Printf("stall: resume: %v", err)
+		}
+		f.Until = time.Since(rec.start)
+		rec.addFault(f)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 

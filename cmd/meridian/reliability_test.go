@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
@@ -93,7 +94,13 @@ func podsNamed(p *Platform, prefix string) []*sim.LivePod {
 }
 
 func TestReliability(t *testing.T) {
-	p := testPlatform(t)
+	// Tier-2's upstream timeouts shortened from 60 s and 10 min so the
+	// hung-pod row runs in seconds; the other rows do not reach them.
+	const headerTimeout, idleTimeout = 3 * time.Second, 5 * time.Second
+	p := testPlatformWith(t, func(f *upFlags) {
+		f.front.UpstreamHeaderTimeout, f.front.UpstreamResponseTimeout = headerTimeout, headerTimeout
+		f.front.StreamIdleTimeout = idleTimeout
+	})
 	ctx := context.Background()
 	us, eu := p.Endpoints["us-east-1"], p.Endpoints["eu-west-1"]
 
@@ -175,6 +182,54 @@ func TestReliability(t *testing.T) {
 			t.Errorf("request with a slow pod did not complete: %s", e)
 		}
 
+	})
+
+	// Row "pod hangs": every pod of us-east-1's fast pool accepts requests
+	// and makes no progress. A request that has no response headers after
+	// the header timeout fails over to eu-west-1; a stream that had
+	// started ends with an error event after the idle timeout. Nothing is
+	// lost and nothing is cut silently.
+	t.Run("pod hangs", func(t *testing.T) {
+		hung := podsNamed(p, "us-fast")
+		for _, lp := range hung {
+			lp.SetFaults(sim.Faults{Hang: true})
+		}
+		defer func() {
+			for _, lp := range hung {
+				lp.SetFaults(sim.Faults{})
+			}
+		}()
+		var mu sync.Mutex
+		var outcomes []streamOutcome
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				o := streamChat(ctx, us, p.Token, "fast", 8)
+				mu.Lock()
+				outcomes = append(outcomes, o)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		for i, o := range outcomes {
+			t.Logf("stream %d into hung pods: %+v", i, o)
+			if o.cutSilently() {
+				t.Errorf("stream %d cut silently: %+v", i, o)
+			}
+			if o.lostBeforeFirstByte() {
+				t.Errorf("stream %d lost before its first byte: %+v", i, o)
+			}
+		}
+		c := client(p, "us-east-1", p.Token)
+		for i := range 4 {
+			var resp *http.Response
+			if _, err := c.Chat.Completions.New(ctx, ask("fast"), option.WithResponseInto(&resp)); err != nil {
+				t.Fatalf("non-streaming request %d while use1's fast pods hang: %v", i, err)
+			}
+			if got := resp.Header.Get("x-meridian-cluster"); got != "euw1" {
+				t.Fatalf("non-streaming request %d served by %q while use1's fast pods hang, want euw1", i, got)
+			}
+		}
 	})
 
 	// Row "Tier-2 instance killed": its callers get connection refused at

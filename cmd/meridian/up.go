@@ -47,6 +47,7 @@ type upFlags struct {
 	verbose    bool
 	etcd       []string
 	prefix     string
+	front      tier2.Config // every Tier-2's front-door settings (no flag: tests shorten its timeouts)
 }
 
 func newUpCmd() *cobra.Command {
@@ -352,7 +353,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 			addr = "127.0.0.1:0"
 		}
 		t2, err := startTier2(ctx, tier2Flags{src: src.forComponent(name), region: r.Name, name: name, listen: addr, metrics: "127.0.0.1:0",
-			gossipBind: "127.0.0.1:0", join: slices.Clone(joins), gossipProfile: "local", front: tier2.Config{Tier1Key: identity}},
+			gossipBind: "127.0.0.1:0", join: slices.Clone(joins), gossipProfile: "local", front: withTier1Key(f.front, identity)},
 			keys, delayTransport(r.Name, regionOf, snap, f.crossDelay), log, gt)
 		if err != nil {
 			cleanup()
@@ -533,4 +534,11 @@ func sortedKeysOf[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// withTier1Key is the front-door configuration with the platform's identity
+// key, which signs tenant and band for its Tier-1s.
+func withTier1Key(front tier2.Config, key []byte) tier2.Config {
+	front.Tier1Key = key
+	return front
 }

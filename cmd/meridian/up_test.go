@@ -36,6 +36,12 @@ func freePort(t *testing.T) string {
 // starts it as `meridian up --config` would.
 func testPlatform(t *testing.T) *Platform {
 	t.Helper()
+	return testPlatformWith(t, nil)
+}
+
+// testPlatformWith is testPlatform with its flags changed by tune first.
+func testPlatformWith(t *testing.T, tune func(*upFlags)) *Platform {
+	t.Helper()
 	dir := t.TempDir()
 	ports := map[string]string{}
 	port := func(name string) string {
@@ -142,7 +148,11 @@ spec:
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p, err := startUp(ctx, upFlags{dir: dir, timeScale: 50, crossDelay: 5 * time.Millisecond, tenant: "team-a"}, slog.New(slog.DiscardHandler))
+	f := upFlags{dir: dir, timeScale: 50, crossDelay: 5 * time.Millisecond, tenant: "team-a"}
+	if tune != nil {
+		tune(&f)
+	}
+	p, err := startUp(ctx, f, slog.New(slog.DiscardHandler))
 	if err != nil {
 		cancel()
 		t.Fatalf("start platform: %v\n%s", err, cfg)

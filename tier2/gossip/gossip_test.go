@@ -228,17 +228,26 @@ func (c *cluster) spread(t testing.TB, i int, item string) time.Duration {
 }
 
 // TestThirtyNodes measures how long a broadcast, and a pool-health digest
-// wired as Tier-2 wires it, take to reach all of 30 memberlist nodes.
+// wired as Tier-2 wires it, take to reach all of 30 memberlist nodes, and
+// asserts it against the convergence goal (a change reaches every node
+// within 1 s) with the slack below.
 func TestThirtyNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("30 memberlist nodes")
 	}
-	// Slow, patient probes: on a starved test machine 30 nodes probing each
-	// other every second with short timeouts flap (suspect, dead, refute),
-	// which measures the machine rather than gossip.
+	// Failure detection is out of this test's way: probes once a minute
+	// (memberlist's suspicion timeout scales with the probe interval), so
+	// a starved machine that delays a probe reply cannot make a member
+	// suspect, dead and rejoining while the test waits for all 30. Under
+	// load averages of 30–90 on 2 cores, 1 s probes flapped until the
+	// 60 s bound. Joins get 30 s (gossiptest gives 10 s): 29 nodes join
+	// through node 0, and at load 90 a join timed out after 10 s. Gossip
+	// and push/pull keep the profile's timings, which are what the
+	// figures measure.
 	c := startCluster(t, 30, []string{"us-east-1", "eu-west-1", "ap-south-1"}, func(cfg *gossip.Config) {
-		cfg.ProbeInterval = 2 * time.Second
-		cfg.ProbeTimeout = time.Second
+		cfg.ProbeInterval = time.Minute
+		cfg.ProbeTimeout = 5 * time.Second
+		cfg.StreamTimeout = 30 * time.Second
 	})
 	var took, digestTook []time.Duration
 	for i := range 5 {
@@ -249,6 +258,18 @@ func TestThirtyNodes(t *testing.T) {
 	slices.Sort(digestTook)
 	t.Logf("broadcast to all of 30 nodes (local profile): median %v, max %v, all %v", took[2], took[4], took)
 	t.Logf("digest to all of 30 nodes (local profile): median %v, max %v, all %v", digestTook[2], digestTook[4], digestTook)
+	// Asserted on the median of five, with documented slack: the goal is
+	// 1 s, measured without the race detector by BenchmarkConvergence30
+	// (docs/BENCHMARKS.md). Under -race on the shared 2-core machine at
+	// load average 98 the medians were 2.2 s (broadcast) and 2.1 s
+	// (digest), maxima 3.6 s, so the test allows 5× the goal. That still
+	// fails a change that spreads by push/pull repair instead of gossip:
+	// the local profile's push/pull runs every 15 s.
+	const goal, slack = time.Second, 5
+	if took[2] > slack*goal || digestTook[2] > slack*goal {
+		t.Errorf("median time to reach all 30 nodes: broadcast %v, digest %v; want at most %v (goal %v, ×%d slack for -race on a loaded machine)",
+			took[2], digestTook[2], slack*goal, goal, slack)
+	}
 	for i, n := range c.nodes {
 		if got := n.Dropped(); got != 0 {
 			t.Errorf("%s dropped %d messages", n.Name(), got)
