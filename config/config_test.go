@@ -174,6 +174,10 @@ func TestInvalidConfigs(t *testing.T) {
 			[]string{`plugins[0].parameters.autoTune: false is not supported`}},
 		{"prefix plugin wrong type", "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nmetadata: {name: e}\nplugins:\n- type: prefix-cache-scorer\n  parameters: {lruCapacityPerServer: many}\n",
 			[]string{`plugins[0].parameters.lruCapacityPerServer: want an integer, got string "many"`}},
+		{"scorer without parameters given one", "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nmetadata: {name: e}\nplugins:\n- type: queue-scorer\n  parameters: {threshold: 3}\n",
+			[]string{`EndpointPickerConfig/e: plugins[0].parameters.threshold: strict decoding error: unknown field "threshold" (queue-scorer takes no parameters)`}},
+		{"filter parameter misspelt", "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nmetadata: {name: e}\nplugins:\n- type: low-queue-filter\n  parameters: {threshold: 128, treshold: 64}\n- type: max-score-picker\n  parameters: {maxNumOfEndpoints: 2}\n",
+			[]string{`EndpointPickerConfig/e: plugins[0].parameters.treshold: strict decoding error: unknown field "treshold" (low-queue-filter takes threshold)`}},
 		{"objective unknown field", "apiVersion: inference.networking.x-k8s.io/v1alpha2\nkind: InferenceObjective\nmetadata: {name: o}\nspec: {priority: 1, criticality: Critical}\n",
 			[]string{`InferenceObjective/o: spec.criticality: strict decoding error: unknown field "criticality"`}},
 		{"objective priority range", "apiVersion: inference.networking.x-k8s.io/v1alpha2\nkind: InferenceObjective\nmetadata: {name: o}\nspec: {priority: 9999999999}\n",
@@ -301,4 +305,26 @@ func TestAdmissionAndObjectives(t *testing.T) {
 	if pol.BlockSize != 32 || pol.MaxPrefixBlocks != 64 || pol.LRUCapacityPerServer != 1000 || pol.PrefixAutoTune == nil || !*pol.PrefixAutoTune {
 		t.Fatalf("policy %+v", pol)
 	}
+}
+
+// The parameters GIE defines for its filters and pickers are accepted
+// (Meridian's own filters and picker run instead; docs/configuration.md).
+func TestGIEPluginParametersAccepted(t *testing.T) {
+	mustBuild(t, `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+metadata: {name: e}
+plugins:
+- type: low-queue-filter
+  parameters: {threshold: 128}
+- type: lora-affinity-filter
+  parameters: {threshold: 0.999}
+- type: decision-tree-filter
+  name: low-latency-filter
+  parameters:
+    current: {pluginRef: low-queue-filter}
+    nextOnSuccess: {pluginRef: lora-affinity-filter}
+- type: queue-scorer
+- type: max-score-picker
+  parameters: {maxNumOfEndpoints: 1}
+`)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -242,6 +243,52 @@ type prefixParams struct {
 	AutoTune               *bool `json:"autoTune"`
 }
 
+// pluginParams are the parameters GIE defines for each plugin type other
+// than prefix-cache-scorer (decoded on its own). Meridian reads none of them
+// (its filters and picker are built in: docs/configuration.md), but a
+// parameter GIE does not define for the type is a typo that would silently
+// do nothing, so it is an error with its path.
+var pluginParams = map[string][]string{
+	"max-score-picker":       {"maxNumOfEndpoints"},
+	"random-picker":          {"maxNumOfEndpoints"},
+	"weighted-random-picker": {"maxNumOfEndpoints"},
+	"low-queue-filter":       {"threshold"},
+	"lora-affinity-filter":   {"threshold"},
+	"decision-tree-filter":   {"current", "nextOnSuccess", "nextOnFailure", "nextOnSuccessOrFailure"},
+}
+
+// otherPluginParams checks the parameters of a plugin other than
+// prefix-cache-scorer: an object whose keys GIE defines for the type.
+func (b *builder) otherPluginParams(key ObjectKey, path string, pl PluginSpec) bool {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(pl.Parameters, &m); err != nil {
+		if string(pl.Parameters) == "null" {
+			return true
+		}
+		b.errf(key, path+".parameters", "want an object of parameters")
+		return false
+	}
+	ok := true
+	known := pluginParams[pl.Type]
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if slices.Contains(known, k) {
+			continue
+		}
+		ok = false
+		if len(known) == 0 {
+			b.errf(key, path+".parameters."+k, "strict decoding error: unknown field %q (%s takes no parameters)", k, pl.Type)
+		} else {
+			b.errf(key, path+".parameters."+k, "strict decoding error: unknown field %q (%s takes %s)", k, pl.Type, strings.Join(known, ", "))
+		}
+	}
+	return ok
+}
+
 // endpointPicker validates an EndpointPickerConfig and resolves it into a
 // policy. prefix is prepended to field paths (for configs carried inside a
 // ConfigMap).
@@ -269,6 +316,12 @@ func (b *builder) endpointPicker(key ObjectKey, prefix string, c *EndpointPicker
 			continue
 		}
 		byName[name] = pl.Type
+		if pl.Type != "prefix-cache-scorer" && len(pl.Parameters) > 0 {
+			if !b.otherPluginParams(key, prefix+path, pl) {
+				ok = false
+			}
+			continue
+		}
 		if pl.Type == "prefix-cache-scorer" && len(pl.Parameters) > 0 {
 			var pp prefixParams
 			var generic any

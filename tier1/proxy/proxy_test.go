@@ -85,6 +85,13 @@ data:
 
 func snapshot(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev int64) *config.Snapshot {
 	t.Helper()
+	return snapshotWith(t, weights, pods, rev, "")
+}
+
+// snapshotWith is snapshot plus extra documents (YAML, each starting with
+// "---").
+func snapshotWith(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev int64, extra string) *config.Snapshot {
+	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, gatewayYAML, weights)
 	b.WriteString("---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints\nmetadata: {name: pods}\nspec:\n  endpoints:\n")
@@ -93,6 +100,7 @@ func snapshot(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev 
 			fmt.Fprintf(&b, "  - {name: %s-%s, address: %q, labels: {pool: %s}}\n", pool, strings.ReplaceAll(lp.Addr(), ":", "-"), lp.Addr(), pool)
 		}
 	}
+	b.WriteString(extra)
 	docs, errs := config.Decode("test.yaml", []byte(b.String()))
 	if len(errs) > 0 {
 		t.Fatal(errs)
