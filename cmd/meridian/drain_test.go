@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier2"
@@ -165,7 +166,7 @@ func TestTier2DrainUnderLoad(t *testing.T) {
 		d := startDrainDoor(t, pods[0].URL(), 0) // the shipped 30 s
 		outcomes := d.openStreams(t, streams, 200)
 		d.cancel()
-		eventually(t, "new connections refused while draining", d.refuses)
+		testkit.Eventually(t, "new connections refused while draining", d.refuses)
 		for range streams {
 			if o := <-outcomes; !o.done || o.chunks == 0 {
 				t.Errorf("in-flight stream did not finish with [DONE] during the drain: %+v", o)

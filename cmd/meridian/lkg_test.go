@@ -123,7 +123,7 @@ func TestEtcdEmptiedKeepsServing(t *testing.T) {
 			continue
 		}
 		url := "http://" + m.Addr + "/metrics"
-		eventually(t, m.Labels["job"]+" "+m.Labels["region"]+" refuses the emptied state", func() bool {
+		testkit.Eventually(t, m.Labels["job"]+" "+m.Labels["region"]+" refuses the emptied state", func() bool {
 			resp, err := http.Get(url)
 			if err != nil {
 				return false
