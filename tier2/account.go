@@ -83,9 +83,14 @@ func (a *streamAccount) tokens(c *call) int64 {
 // forge it: inside a JSON string a quote is escaped, so `"usage"` only
 // matches a key.
 func findUsage(b []byte) (u usage, start, end int, ok bool) {
-	i := bytes.LastIndex(b, []byte(`"usage"`))
+	// Index first: it is vectorised and most events carry no usage;
+	// LastIndex (a byte-wise scan) only finds the last of several.
+	i := bytes.Index(b, usageKey)
 	if i < 0 {
 		return u, 0, 0, false
+	}
+	if k := bytes.LastIndex(b[i+1:], usageKey); k >= 0 {
+		i += 1 + k
 	}
 	j := i + len(`"usage"`)
 	j = skipSpace(b, j)
@@ -108,6 +113,8 @@ func findUsage(b []byte) (u usage, start, end int, ok bool) {
 	}
 	return u, i, e, true
 }
+
+var usageKey = []byte(`"usage"`)
 
 func skipSpace(b []byte, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {

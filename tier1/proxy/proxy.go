@@ -210,7 +210,7 @@ func (p *Proxy) try(w http.ResponseWriter, r *http.Request, raw []byte, d *gatew
 		if sse {
 			// The status is sent: end the stream with an error event the
 			// OpenAI SDKs surface, then stop.
-			io.WriteString(w, `data: {"error":{"message":"the model server failed mid-stream","type":"server_error","code":"upstream_failed"}}`+"\n\n")
+			io.WriteString(w, `data: {"error":{"message":"the model server failed mid-stream","type":"server_error","param":null,"code":"upstream_failed"}}`+"\n\n")
 			http.NewResponseController(w).Flush()
 			return true, false
 		}
