@@ -100,6 +100,12 @@ func PrefixHashes(dst []uint64, b *Body, target string, blockSize, maxBlocks int
 	if b.Kind == Completion && b.TokenIDs != nil {
 		return TokenBlockHashes(dst, seed, b.TokenIDs, max(1, blockSize/4), maxBlocks), scratch
 	}
-	scratch = AppendPromptText(scratch[:0], b)
+	if blockSize > 0 && maxBlocks > 0 && maxBlocks <= (1<<40)/blockSize {
+		// Only the first maxBlocks blocks are hashed: copy no more of a
+		// long prompt than those.
+		scratch = AppendPromptHead(scratch[:0], b, blockSize*maxBlocks)
+	} else {
+		scratch = AppendPromptText(scratch[:0], b)
+	}
 	return BlockHashes(dst, seed, scratch, blockSize, maxBlocks), scratch
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,7 +48,17 @@ type inferenceFixture struct {
 }
 
 func newInferenceFixture(tb testing.TB) *inferenceFixture {
-	docs, errs := config.Decode("bench.yaml", []byte(frontDoorConfig+`---
+	return newInferenceFixtureUpstream(tb, "")
+}
+
+// newInferenceFixtureUpstream is newInferenceFixture forwarding to the
+// Tier-1 at url over the shipped transport ("": the canned one).
+func newInferenceFixtureUpstream(tb testing.TB, url string) *inferenceFixture {
+	cfg := frontDoorConfig
+	if url != "" {
+		cfg = strings.Replace(cfg, `tier1: "http://127.0.0.1:1"`, `tier1: "`+url+`"`, 1)
+	}
+	docs, errs := config.Decode("bench.yaml", []byte(cfg+`---
 apiVersion: meridian.dev/v1alpha1
 kind: Tenant
 metadata: {name: team}
@@ -81,8 +92,12 @@ spec:
 		tb.Fatal(err)
 	}
 	_, ecK, _ := newKeys(&testing.T{})
+	var tr http.RoundTripper = canned{sseBody("chat-model", 16)}
+	if url != "" {
+		tr = nil // NewTransport()
+	}
 	r, err := NewRouter(Config{
-		Region: "r1", Fleet: fleet, Limiter: lim, Transport: canned{sseBody("chat-model", 16)},
+		Region: "r1", Fleet: fleet, Limiter: lim, Transport: tr,
 		Auth:     NewAuthenticator(jwtCfg, StaticKeySet(jwk(ecK)), time.Minute, nil),
 		Priority: &Admission{Region: "r1", Fleet: fleet},
 		Logger:   slog.New(slog.DiscardHandler),
@@ -172,4 +187,74 @@ func TestServeInferenceAllocs(t *testing.T) {
 			t.Errorf("%d-byte body: %.1f allocations per request, budget %.0f", len(body), got, budget)
 		}
 	}
+}
+
+// BenchmarkServeInferenceHTTP is BenchmarkServeInference over loopback
+// HTTP: a real client, Tier-2's handler in an http.Server, and an upstream
+// http.Server streaming the 16 events (each flushed, as a model server
+// does) through the shipped transport. cpu-ns/op is the process's CPU
+// time per request (client and upstream included).
+func BenchmarkServeInferenceHTTP(b *testing.B) {
+	events := sseBody("chat-model", 16)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		for rest := events; len(rest) > 0; {
+			i := bytes.Index(rest, []byte("\n\n")) + 2
+			w.Write(rest[:i])
+			fl.Flush()
+			rest = rest[i:]
+		}
+	}))
+	defer up.Close()
+	f := newInferenceFixtureUpstream(b, up.URL)
+	front := httptest.NewServer(f.h)
+	defer front.Close()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
+	body := chatBody(700)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // digests expire after 5 s
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				f.refresh()
+			}
+		}
+	}()
+	var ru0, ru1 syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	b.ResetTimer()
+	b.SetParallelism(32)
+	b.RunParallel(func(pb *testing.PB) {
+		buf := make([]byte, 32<<10)
+		for pb.Next() {
+			req, _ := http.NewRequest(http.MethodPost, front.URL+"/v1/chat/completions", bytes.NewReader(body))
+			req.Header.Set("Authorization", f.tok)
+			resp, err := client.Do(req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			for {
+				if _, err := resp.Body.Read(buf); err != nil {
+					break
+				}
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b.Errorf("status %d", resp.StatusCode)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 }

@@ -75,6 +75,7 @@ func main() {
 			p.Wait()
 		}
 	}()
+	pids := map[string]int{} // path → the process whose CPU time it measures
 	start := func(name string, args ...string) {
 		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
@@ -82,6 +83,9 @@ func main() {
 			log.Fatalf("start %s: %v", name, err)
 		}
 		procs = append(procs, cmd)
+		if len(args) > 0 && (args[0] == "tier1" || args[0] == "tier2") {
+			pids[args[0]] = cmd.Process.Pid
+		}
 	}
 	start(*meridianBin, "sim", "--profile", "h100", "--model", "bench", "--pods", fmt.Sprint(*pods),
 		"--port", fmt.Sprint(podPort), "--time-scale", fmt.Sprint(*timeScale), "--labels", "pool=bench",
@@ -100,7 +104,7 @@ func main() {
 	targets := map[string]string{"tier1": "http://" + t1, "tier2": "http://" + t2}
 	if _, err := os.Stat(*nginxBin); err == nil && strings.Contains(*paths, "nginx") {
 		ng := freeAddr()
-		startNginx(ctx, dir, ng, t1, &procs)
+		pids["nginx"] = startNginx(ctx, dir, ng, t1, &procs)
 		waitHTTP("http://" + ng + "/healthz")
 		targets["nginx"] = "http://" + ng
 	}
@@ -129,10 +133,14 @@ func main() {
 			if p == "tier2" {
 				hdr.Set("Authorization", "Bearer "+token)
 			}
+			cpu0 := procCPU(pids[p])
 			res := load(urls, hdr, body)
+			if n := res.rps * duration.Seconds(); pids[p] != 0 && n > 0 {
+				res.cpuPerReq = (procCPU(pids[p]) - cpu0) / time.Duration(n)
+			}
 			results[p] = append(results[p], res)
-			fmt.Fprintf(os.Stderr, "run %d %-7s %7.0f req/s  ttfb p50 %6.2f ms  p99 %6.2f ms  errors %d\n",
-				r+1, p, res.rps, ms(res.p50), ms(res.p99), res.errors)
+			fmt.Fprintf(os.Stderr, "run %d %-7s %7.0f req/s  ttfb p50 %6.2f ms  p99 %6.2f ms  proxy CPU %4.0f µs/req  errors %d\n",
+				r+1, p, res.rps, ms(res.p50), ms(res.p99), float64(res.cpuPerReq.Nanoseconds())/1e3, res.errors)
 		}
 	}
 	report(order, results)
@@ -142,6 +150,46 @@ type result struct {
 	rps      float64
 	p50, p99 time.Duration
 	errors   int64
+	// cpuPerReq is the CPU time (user and system) of the path's own proxy
+	// process per request: Tier-2's for tier2, nginx's workers' for nginx,
+	// Tier-1's for tier1 (the shared Tier-1 behind tier2 and nginx is not
+	// in their figure).
+	cpuPerReq time.Duration
+}
+
+// procCPU is the user and system CPU time of pid and its child
+// processes still running (nginx's workers), from /proc; 0 when unknown.
+func procCPU(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	read := func(p string) (ppid int, cpu time.Duration, ok bool) {
+		b, err := os.ReadFile(filepath.Join("/proc", p, "stat"))
+		if err != nil {
+			return 0, 0, false
+		}
+		// Fields after the command name (which may hold spaces).
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 13 {
+			return 0, 0, false
+		}
+		var ut, st int64
+		fmt.Sscan(f[1], &ppid)
+		fmt.Sscan(f[11], &ut)
+		fmt.Sscan(f[12], &st)
+		return ppid, time.Duration(ut+st) * time.Second / 100, true // USER_HZ is 100 on Linux
+	}
+	_, total, _ := read(fmt.Sprint(pid))
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		if ppid, cpu, ok := read(e.Name()); ok && ppid == pid {
+			total += cpu
+		}
+	}
+	return total
 }
 
 func requestBody() []byte {
@@ -222,8 +270,8 @@ func report(order []string, results map[string][]result) {
 	}
 	fmt.Printf("\n%d concurrent streams, %d-byte prompts, %d output tokens, %d runs × %s per path; medians over runs.\n\n",
 		*concurrency, *promptBytes, *maxTokens, *runs, *duration)
-	fmt.Println("| path | req/s | TTFB p50 (ms) | TTFB p99 (ms) | added p50 (ms) | added p99 (ms) | req/s ÷ nginx |")
-	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Println("| path | req/s | TTFB p50 (ms) | TTFB p99 (ms) | added p50 (ms) | added p99 (ms) | req/s ÷ nginx | proxy CPU µs/req | CPU ÷ nginx |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	direct := results["direct"]
 	nginx := results["nginx"]
 	for _, p := range order {
@@ -231,9 +279,13 @@ func report(order []string, results map[string][]result) {
 		if len(rs) == 0 {
 			continue
 		}
-		var rps, p50, p99, a50, a99, ratio []float64
+		var rps, p50, p99, a50, a99, ratio, cpu, cpuRatio []float64
 		for i, r := range rs {
 			rps = append(rps, r.rps)
+			cpu = append(cpu, float64(r.cpuPerReq.Nanoseconds())/1e3)
+			if i < len(nginx) && nginx[i].cpuPerReq > 0 {
+				cpuRatio = append(cpuRatio, float64(r.cpuPerReq)/float64(nginx[i].cpuPerReq))
+			}
 			p50 = append(p50, ms(r.p50))
 			p99 = append(p99, ms(r.p99))
 			if i < len(direct) {
@@ -248,7 +300,11 @@ func report(order []string, results map[string][]result) {
 		if len(ratio) > 0 {
 			ra = fmt.Sprintf("%.2f", med(ratio))
 		}
-		fmt.Printf("| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s |\n", p, med(rps), med(p50), med(p99), med(a50), med(a99), ra)
+		cr := "—"
+		if len(cpuRatio) > 0 && med(cpu) > 0 {
+			cr = fmt.Sprintf("%.2f", med(cpuRatio))
+		}
+		fmt.Printf("| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %.0f | %s |\n", p, med(rps), med(p50), med(p99), med(a50), med(a99), ra, med(cpu), cr)
 	}
 }
 
@@ -302,7 +358,7 @@ spec:
 	return s
 }
 
-func startNginx(ctx context.Context, dir, listen, upstream string, procs *[]*exec.Cmd) {
+func startNginx(ctx context.Context, dir, listen, upstream string, procs *[]*exec.Cmd) int {
 	conf := fmt.Sprintf(`worker_processes auto;
 daemon off;
 pid %[1]s/nginx.pid;
@@ -335,6 +391,7 @@ http {
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	must(cmd.Start())
 	*procs = append(*procs, cmd)
+	return cmd.Process.Pid
 }
 
 func waitHTTP(url string) {

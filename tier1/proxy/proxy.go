@@ -114,7 +114,7 @@ func (p *Proxy) serveModels(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request) {
-	body, raw, err := request.Read(r.Body, p.MaxBodyBytes)
+	body, raw, err := request.ReadSized(r.Body, r.ContentLength, p.MaxBodyBytes)
 	if err != nil {
 		p.Gateway.Reject("bad_request")
 		request.BodyError(err).Write(w)
