@@ -52,7 +52,7 @@ type report struct {
 	share    float64 // the fraction of the limit the instance holds
 	level    float64 // units in its bucket at the sync; negative is debt
 	released float64 // units released to the pool over the limit's life
-	recent   float64 // of which released at the sync that produced this
+	recent   float64 // of which released over the origin's last releaseWindow syncs
 	seq      uint64  // the origin's sync that produced it
 }
 
@@ -271,8 +271,11 @@ func (l *Limiter) Merge(from string, payload []byte) {
 		if e.parts > 0 {
 			for h, r := range p.limits {
 				if _, ok := e.limits[h]; !ok && h%e.parts == e.part && r.seq < e.seq {
+					// p.taken[h] stays: when the peer reports the limit
+					// again (it idled full and now releases), what it
+					// released since is its counter minus this, even if
+					// the report of the release itself was superseded.
 					delete(p.limits, h)
-					delete(p.taken, h)
 				}
 			}
 		}
@@ -371,6 +374,19 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 			held = append(held, p)
 		default:
 			fresh = append(fresh, p)
+		}
+	}
+	// Forget what was taken from peers of limits that no longer exist
+	// here, so the counters do not outlive tenant churn.
+	live := make(map[uint64]struct{}, len(lims))
+	for _, lim := range lims {
+		live[lim.hash] = struct{}{}
+	}
+	for _, p := range l.peers {
+		for h := range p.taken {
+			if _, ok := live[h]; !ok {
+				delete(p.taken, h)
+			}
 		}
 	}
 	warming := len(fresh)+len(held) == 0 && !l.heard && now.Sub(l.started) < l.cfg.Warmup
@@ -473,8 +489,20 @@ func (l *Limiter) SyncAt(now time.Time) [][]byte {
 			}
 			lim.others = others[i]
 			lim.shareG.Set(share)
-			if lim.demand > 1e-9 || lim.b.level < lim.b.burst || lim.released != lim.reportedRel || l.leaving {
-				own.limits[lim.hash] = report{demand: lim.demand, share: share, level: lim.b.level, released: lim.released, recent: freed}
+			// What was released over the last releaseWindow syncs: a peer
+			// that first hears of the limit takes up that much. A keyed
+			// broadcast supersedes one still queued, so the report of the
+			// sync that released may never arrive; the next ones say it
+			// again (and keep the limit in the report until they have).
+			lim.relAt = (lim.relAt + 1) % releaseWindow
+			lim.relWindow[lim.relAt] = freed
+			var recent float64
+			for _, f := range lim.relWindow {
+				recent += f
+			}
+			recent = math.Min(recent, lim.released)
+			if lim.demand > 1e-9 || lim.b.level < lim.b.burst || lim.released != lim.reportedRel || recent > 0 || l.leaving {
+				own.limits[lim.hash] = report{demand: lim.demand, share: share, level: lim.b.level, released: lim.released, recent: recent}
 				lim.reportedRel = lim.released
 			}
 			i++
@@ -509,7 +537,7 @@ func (l *Limiter) takeUp(lim *limit, share float64, fresh, held, gone []*peer) f
 		src.taken[lim.hash] = r.released
 		d := r.released - taken
 		switch {
-		case !seen: // the first report of it since it was idle: what it just released
+		case !seen: // the first report of it ever heard here: what it just released
 			d = r.recent
 		case d < 0: // the peer restarted
 			return
@@ -539,6 +567,11 @@ func (l *Limiter) takeUp(lim *limit, share float64, fresh, held, gone []*peer) f
 	}
 	return got
 }
+
+// releaseWindow is how many syncs a report keeps saying what was released
+// (report.recent): several gossip rounds at the default SyncInterval and
+// the LAN profile's 200ms gossip interval.
+const releaseWindow = 5
 
 // demandArrivals is the fewest arrivals, at a limit's rate, that its
 // demand average spans: the time constant is at least this many times the

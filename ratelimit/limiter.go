@@ -243,6 +243,11 @@ type limit struct {
 	// peers take them up in proportion to their shares.
 	released    float64
 	reportedRel float64 // released as of the last report sent
+	// relWindow holds what each of the last releaseWindow syncs released
+	// (relAt the newest): reports repeat their sum for a peer that missed
+	// the report of the release.
+	relWindow [releaseWindow]float64
+	relAt     int
 
 	rejected prometheus.Counter
 	shareG   prometheus.Gauge

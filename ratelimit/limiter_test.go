@@ -753,3 +753,45 @@ func TestWellFormedReportMerges(t *testing.T) {
 		t.Fatalf("merge error %v, peers %+v", l.mergeErr, l.peers["x"])
 	}
 }
+
+// TestReleaseAfterIdleSurvivesASupersededReport: a peer idle and full
+// stops reporting a limit; when demand appears elsewhere it releases its
+// slice in one report, and gossip may deliver only the next one (a
+// keyed broadcast supersedes the older one still queued: memberlist's LAN
+// gossip interval is 200ms, twice SyncInterval). The released units must
+// still be taken up, from the cumulative counter: before, the first
+// report after idling was read for what it released at its own sync only,
+// and the burst lost half its units until refill.
+func TestReleaseAfterIdleSurvivesASupersededReport(t *testing.T) {
+	c := &clock{now: epoch}
+	a, b := pair(t, c, map[string]*config.Tenant{"support": tenantWith(config.TenantLimit{
+		Requests: rate(1200, time.Minute, 100),
+	})})
+	for range 200 { // 20s idle: both slices full, neither reports the limit
+		c.Advance(100 * time.Millisecond)
+		exchange(a, b)
+	}
+	if !a.Allow(Request{Tenant: "support"}).Allowed {
+		t.Fatal("first request refused")
+	}
+	c.Advance(100 * time.Millisecond)
+	for _, p := range a.Sync() { // a's demand: its share grows
+		b.Merge("a", p)
+	}
+	b.Sync() // b's slice shrinks: it releases (this report is lost)
+	c.Advance(100 * time.Millisecond)
+	for _, p := range b.Sync() { // the next one, released nothing new, arrives
+		a.Merge("b", p)
+	}
+	a.Sync()
+	admitted := 1
+	for range 200 {
+		if a.Allow(Request{Tenant: "support"}).Allowed {
+			admitted++
+		}
+	}
+	// 100 + refill over 200ms at a's share; b keeps its floor's slice.
+	if admitted < 95 || admitted > 106 {
+		t.Fatalf("a burst on a after b released its slice: %d admitted in all, want the burst (about 100)", admitted)
+	}
+}
