@@ -255,6 +255,9 @@ func (f *Fleet) score(d *Digest, c *cluster, prox float64) float64 {
 	kv := 1 - d.KVMean
 	perPod := float64(d.QueueTotal) / float64(max(1, d.ReadyPods))
 	queue := 1 / (1 + perPod/f.cfg.QueueScale)
+	if d.ReadyPods == 0 { // blind: no credit for KV or queue headroom
+		kv, queue = 0, 0
+	}
 	errRate := max(d.ErrorRate, c.errorRate(f.now(), &f.cfg.Outlier))
 	errs := max(0, 1-errRate/f.cfg.ErrorRateCeiling)
 	return (w.KVHeadroom*kv + w.QueueDepth*queue + w.RegionProximity*prox + w.ErrorRate*errs) / sum
@@ -287,7 +290,14 @@ func (f *Fleet) rebuildLocked() {
 	perModel := make(map[string]*modelView)
 	f.store.eachFresh(func(d *Digest, expires time.Time) {
 		c := f.clusters[[2]string{d.Region, d.Cluster}]
-		if c == nil || d.ReadyPods == 0 {
+		// A cluster whose ready pods all have stale metrics (StalePods,
+		// ReadyPods 0) is blind, not down: a missed scrape is missing
+		// evidence (priority.Thresholds.Pool), and Tier-1 fails open on it.
+		// It stays a candidate, scored without credit for load it cannot
+		// see. Every process of a host starved for a couple of seconds
+		// misses its scrapes at once; excluding blind clusters answered
+		// 503 no_cluster after each such stall.
+		if c == nil || d.ReadyPods+d.StalePods == 0 {
 			return
 		}
 		prox, ok := v.proxScore[d.Region]
@@ -295,7 +305,7 @@ func (f *Fleet) rebuildLocked() {
 			prox = f.proximityScore(d.Region)
 			v.proxScore[d.Region] = prox
 		}
-		cd := candidate{c: c, score: f.score(d, c, prox), capacity: float64(d.ReadyPods),
+		cd := candidate{c: c, score: f.score(d, c, prox), capacity: float64(max(d.ReadyPods, d.StalePods)),
 			expires: expires.UnixNano()}
 		for i := -1; i < len(d.Adapters); i++ {
 			name := d.Model

@@ -164,6 +164,33 @@ func TestSelectCandidates(t *testing.T) {
 	})
 }
 
+// A cluster whose ready pods all have stale metrics (a Tier-1 that missed
+// its scrapes: a CPU-starved host) stays a candidate, behind any cluster
+// with fresh evidence; one with no ready pods at all does not.
+func TestBlindClusterStaysCandidate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		blind := pool("us-east-1", "blind", "llama")
+		blind.ReadyPods, blind.StalePods, blind.Headroom = 0, 4, 0
+		f := newFleet(t, Config{}, blind)
+		if got := fmt.Sprint(names(f.Select(nil, Request{Model: "llama"}))); got != "[blind]" {
+			t.Errorf("only a blind cluster: Select = %v, want [blind]", got)
+		}
+
+		// A fresh cluster in the same Region comes first.
+		f = newFleet(t, Config{}, blind, pool("us-east-1", "seen", "llama"))
+		if got := names(f.Select(nil, Request{Model: "llama"})); len(got) != 2 || got[0] != "seen" {
+			t.Errorf("blind and fresh: Select = %v, want [seen blind]", got)
+		}
+
+		down := blind
+		down.Cluster, down.StalePods = "down", 0
+		f = newFleet(t, Config{}, down)
+		if got := f.Select(nil, Request{Model: "llama"}); len(got) != 0 {
+			t.Errorf("no ready pods: Select = %v, want none", names(got))
+		}
+	})
+}
+
 func TestSelectMaxTargets(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var ds []Digest

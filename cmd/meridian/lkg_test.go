@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/openai/openai-go/v3"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/meridian-router/meridian/config"
@@ -136,7 +137,11 @@ func TestEtcdEmptiedKeepsServing(t *testing.T) {
 	for i := range 20 {
 		region := p.Regions[i%len(p.Regions)]
 		if c, err := served(p, region, fmt.Sprint("emptied-", i)); err != nil || c != "use1" {
-			t.Fatalf("request %d to %s after etcd was emptied: served by %q, %v", i, region, c, err)
+			var apiErr *openai.Error
+			if errors.As(err, &apiErr) {
+				err = fmt.Errorf("%w: %s", err, apiErr.RawJSON())
+			}
+			t.Fatalf("request %d to %s after etcd was emptied: served by %q, %v\ndigests: %+v", i, region, c, err, p.fleets[region].Digests().Digests())
 		}
 	}
 	for f, b := range before {
