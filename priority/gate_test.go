@@ -634,7 +634,7 @@ func TestCriticalReserve(t *testing.T) {
 		reserve  float64
 		standard int // Standard admitted before the pool is full for them
 	}{
-		{"default 0.45", 0, 11},
+		{"default 0.65", 0, 7},
 		{"a quarter", 0.25, 15},
 		{"none", -1, 20},
 	} {
