@@ -310,7 +310,7 @@ func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml strin
 // fieldsScenario changes each remaining admission field and scheduler
 // option in its own reload (apply: traffic flowing, none failing) and
 // sees the behaviour it governs change.
-func fieldsScenario(t *testing.T, gw *gateway.Gateway, eps map[string]*tier1.Endpoint, apply func(string),
+func fieldsScenario(t *testing.T, gw *gateway.Gateway, eps map[string]*tier1.Endpoint, reload func(string),
 	sheddable func(string) (*gateway.Decision, bool), critical func() (int, int), serve func(*gateway.Decision)) {
 	ctx := context.Background()
 	// metrics gives every pod m, scraped age ago, and lets the pool's
@@ -322,6 +322,14 @@ func fieldsScenario(t *testing.T, gw *gateway.Gateway, eps map[string]*tier1.End
 			ep.SetMetrics(&mm)
 		}
 		gw.ObservePools()
+	}
+	// apply reloads with the pool below saturation, so that the Critical
+	// requests flowing across the reload are admitted (nothing would
+	// drain a saturated pool here: there is no observe loop).
+	apply := func(y string) {
+		t.Helper()
+		metrics(tier1.Metrics{Waiting: 1}, 0)
+		reload(y)
 	}
 	admitShed := func(what string, want bool) {
 		t.Helper()
