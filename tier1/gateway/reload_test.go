@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -26,9 +27,21 @@ import (
 // extra documents. Admission settings come with scheduler options that
 // turn fallbacks off and hash 16-character prefix blocks.
 func reloadYAML(admission, extra string) string {
+	if admission == "" {
+		return reloadYAMLWith("", "", extra)
+	}
+	return reloadYAMLWith(admission, "{fallbacks: -1, prefix: {blockSize: 16}}", extra)
+}
+
+// reloadYAMLWith is reloadYAML with the scheduler options given too
+// ("" for none).
+func reloadYAMLWith(admission, options, extra string) string {
 	adm := ""
 	if admission != "" {
-		adm = "\n    admission: " + admission + "\n    options: {fallbacks: -1, prefix: {blockSize: 16}}"
+		adm = "\n    admission: " + admission
+	}
+	if options != "" {
+		adm += "\n    options: " + options
 	}
 	return `apiVersion: meridian.dev/v1alpha1
 kind: InferenceGatewayConfig
@@ -147,9 +160,9 @@ func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml strin
 	for _, ep := range gw.Pools()[0].Pool.Endpoints() {
 		eps[endpointName(ep.ID)] = ep
 	}
-	// Two waiting requests on each pod: saturation 0.4 with the default
-	// queue threshold (5), 0.5 with a threshold of 4.
-	load(gw, eps, map[string]int{"a": 2, "b": 2})
+	// One waiting request on each pod: saturation 0.2 with the default
+	// queue threshold (5), 0.5 with a threshold of 2.
+	load(gw, eps, map[string]int{"a": 1, "b": 1})
 
 	ctx := context.Background()
 	header := func(kv ...string) http.Header {
@@ -224,7 +237,7 @@ func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml strin
 		if err != nil {
 			t.Fatal(err)
 		}
-		load(gw, eps, map[string]int{"a": 2, "b": 2}) // the observe loop's next tick
+		load(gw, eps, map[string]int{"a": 1, "b": 1}) // the observe loop's next tick
 	}
 
 	// critical routes a Critical request with a 640-character prompt and
@@ -244,19 +257,19 @@ func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml strin
 		t.Fatalf("%d endpoints with the default 2 fallbacks over 2 pods", eps0)
 	}
 
-	// Defaults: reserve 0.45, so Sheddable is admitted below 0.55.
+	// Defaults: reserve 0.65, so Sheddable is admitted below 0.35.
 	held, ok := sheddable("-1")
 	if !ok {
-		t.Fatal("Sheddable refused at saturation 0.4 with the default reserve")
+		t.Fatal("Sheddable refused at saturation 0.2 with the default reserve")
 	}
 	if _, _, err := gw.Band(header(gateway.HeaderObjective, "batch")); err == nil {
 		t.Fatal("objective batch accepted before it is configured")
 	}
 
-	// Queue threshold 4 (saturation 0.5) and reserve 0.6 (Sheddable only
+	// Queue threshold 2 (saturation 0.5) and reserve 0.6 (Sheddable only
 	// below 0.4), and two objectives.
-	apply(reloadYAML("{queueThreshold: 4, criticalReserve: 0.6, maxQueued: 50}", objectivesYAML))
-	if th := gw.Pools()[0].Thresholds(); th.Queue != 4 {
+	apply(reloadYAML("{queueThreshold: 2, criticalReserve: 0.6, maxQueued: 50}", objectivesYAML))
+	if th := gw.Pools()[0].Thresholds(); th.Queue != 2 {
 		t.Fatalf("thresholds after reload %+v", th)
 	}
 	if eps, blocks := critical(); eps != 1 || blocks <= blocks0 {
@@ -276,7 +289,7 @@ func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml strin
 	serve(held)
 
 	// No reserve: Sheddable is admitted up to saturation 1 again.
-	apply(reloadYAML("{queueThreshold: 4, criticalReserve: 0}", objectivesYAML))
+	apply(reloadYAML("{queueThreshold: 2, criticalReserve: 0}", objectivesYAML))
 	d, ok := sheddable("batch")
 	if !ok {
 		t.Fatal("Sheddable refused at saturation 0.5 with no reserve")
@@ -284,10 +297,152 @@ func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml strin
 	serve(d)
 
 	// An invalid change is refused by the source and changes nothing.
-	if _, err := reload(reloadYAML("{queueThreshold: 4, criticalReserve: 0, reserve: 1}", objectivesYAML)); err == nil {
+	if _, err := reload(reloadYAML("{queueThreshold: 2, criticalReserve: 0, reserve: 1}", objectivesYAML)); err == nil {
 		t.Fatal("an unknown admission field was accepted")
 	}
-	if th := gw.Pools()[0].Thresholds(); th.Queue != 4 {
+	if th := gw.Pools()[0].Thresholds(); th.Queue != 2 {
 		t.Fatalf("thresholds changed by a refused configuration: %+v", th)
+	}
+
+	fieldsScenario(t, gw, eps, apply, sheddable, critical, serve)
+}
+
+// fieldsScenario changes each remaining admission field and scheduler
+// option in its own reload (apply: traffic flowing, none failing) and
+// sees the behaviour it governs change.
+func fieldsScenario(t *testing.T, gw *gateway.Gateway, eps map[string]*tier1.Endpoint, reload func(string),
+	sheddable func(string) (*gateway.Decision, bool), critical func() (int, int), serve func(*gateway.Decision)) {
+	ctx := context.Background()
+	// metrics gives every pod m, scraped age ago, and lets the pool's
+	// Gate observe it (the observe loop's next tick).
+	metrics := func(m tier1.Metrics, age time.Duration) {
+		for _, ep := range eps {
+			mm := m
+			mm.ScrapedAt = time.Now().Add(-age)
+			ep.SetMetrics(&mm)
+		}
+		gw.ObservePools()
+	}
+	// apply reloads with the pool below saturation, so that the Critical
+	// requests flowing across the reload are admitted (nothing would
+	// drain a saturated pool here: there is no observe loop).
+	apply := func(y string) {
+		t.Helper()
+		metrics(tier1.Metrics{Waiting: 1}, 0)
+		reload(y)
+	}
+	admitShed := func(what string, want bool) {
+		t.Helper()
+		d, ok := sheddable("batch")
+		if ok != want {
+			t.Fatalf("%s: Sheddable admitted = %v, want %v", what, ok, want)
+		}
+		if ok {
+			serve(d)
+		}
+	}
+	refusal := func(what string, err error, code string) *request.APIError {
+		t.Helper()
+		var ae *request.APIError
+		if !errors.As(err, &ae) || ae.Status != http.StatusTooManyRequests || ae.Code != code {
+			t.Fatalf("%s: %v; want 429 %s", what, err, code)
+		}
+		return ae
+	}
+	standard := http.Header{}
+	crit := http.Header{}
+	crit.Set(gateway.HeaderTenant, "payments")
+	crit.Set(gateway.HeaderBand, "Critical")
+	saturated := tier1.Metrics{Waiting: 6} // 1.2 at the default queue threshold
+
+	// kvCacheThreshold: KV use 0.45 is saturation 0.56 at the default
+	// 0.8 (Sheddable admitted with no reserve), full at 0.4.
+	metrics(tier1.Metrics{KVCacheUsage: 0.45}, 0)
+	admitShed("KV 0.45, default KV threshold", true)
+	apply(reloadYAMLWith("{criticalReserve: 0, kvCacheThreshold: 0.4}", "", objectivesYAML))
+	metrics(tier1.Metrics{KVCacheUsage: 0.45}, 0)
+	admitShed("KV 0.45, kvCacheThreshold 0.4", false)
+
+	// staleAfter: metrics 5s old are left out at the default 2s (a blind
+	// pool refuses Sheddable), and count at 1m.
+	apply(reloadYAMLWith("{criticalReserve: 0}", "", objectivesYAML))
+	metrics(tier1.Metrics{Waiting: 1}, 5*time.Second)
+	admitShed("metrics 5s old, default staleAfter", false)
+	apply(reloadYAMLWith("{criticalReserve: 0, staleAfter: 1m}", "", objectivesYAML))
+	metrics(tier1.Metrics{Waiting: 1}, 5*time.Second)
+	admitShed("metrics 5s old, staleAfter 1m", true)
+
+	// maxQueued: with room for one waiting request, a Standard request
+	// behind a waiting Critical one is refused at once.
+	apply(reloadYAMLWith("{maxQueued: 1}", "", objectivesYAML))
+	metrics(saturated, 0)
+	wctx, cancel := context.WithCancel(ctx)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := gw.Route(wctx, body, gateway.Meta{Header: crit})
+		waited <- err
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for gw.Gate("chat").Len() == 0 { // an observable condition, bounded
+		if time.Now().After(deadline) {
+			t.Fatal("the Critical request did not queue within 20s")
+		}
+		runtime.Gosched()
+	}
+	_, err := gw.Route(ctx, body, gateway.Meta{Header: standard})
+	refusal("Standard behind a waiting Critical with maxQueued 1", err, "queue_full")
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the waiting Critical request: %v; want it cancelled by its caller", err)
+	}
+
+	// maxQueuedBytes: a body larger than the bound cannot wait.
+	apply(reloadYAMLWith("{maxQueuedBytes: 1000}", "", objectivesYAML))
+	metrics(saturated, 0)
+	_, err = gw.Route(ctx, body, gateway.Meta{Header: standard, Bytes: 5000})
+	refusal("a 5000-byte body with maxQueuedBytes 1000", err, "queue_full")
+
+	// standardMaxWait and retryAfter: a Standard request waits 1ms, not
+	// the default 10s, and its 429 asks for 7s, not the default 1s.
+	apply(reloadYAMLWith("{standardMaxWait: 1ms, retryAfter: 7s}", "", objectivesYAML))
+	metrics(saturated, 0)
+	_, err = gw.Route(ctx, body, gateway.Meta{Header: standard})
+	if ae := refusal("Standard with standardMaxWait 1ms", err, "queue_timeout"); ae.RetryAfter != 7 {
+		t.Fatalf("Retry-After %d with retryAfter 7s", ae.RetryAfter)
+	}
+
+	// criticalMaxWait: a Critical request waits 1ms, not the default 30s.
+	apply(reloadYAMLWith("{criticalMaxWait: 1ms}", "", objectivesYAML))
+	metrics(saturated, 0)
+	_, err = gw.Route(ctx, body, gateway.Meta{Header: crit})
+	refusal("Critical with criticalMaxWait 1ms", err, "queue_timeout")
+
+	// options.prefix.maxPrefixBlocksToMatch caps the blocks hashed.
+	apply(reloadYAMLWith("{criticalReserve: 0}", "{prefix: {blockSize: 16, maxPrefixBlocksToMatch: 3}}", objectivesYAML))
+	if _, blocks := critical(); blocks != 3 {
+		t.Fatalf("%d prefix blocks with maxPrefixBlocksToMatch 3", blocks)
+	}
+
+	// options.maxMetricsAge: pod a, idle but scraped 3s ago, is avoided
+	// at the default 1s (b, busier and fresh, is picked) and preferred at
+	// 1m.
+	primary := func() string {
+		t.Helper()
+		eps["a"].SetMetrics(&tier1.Metrics{ScrapedAt: time.Now().Add(-3 * time.Second)})
+		eps["b"].SetMetrics(&tier1.Metrics{Waiting: 3, ScrapedAt: time.Now()})
+		gw.ObservePools()
+		d, err := gw.Route(ctx, body, gateway.Meta{Header: crit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer serve(d)
+		return endpointName(d.Endpoints[0].ID)
+	}
+	if p := primary(); p != "b" {
+		t.Fatalf("primary %s with pod a's metrics 3s old and the default maxMetricsAge; want b", p)
+	}
+	apply(reloadYAMLWith("{criticalReserve: 0}", "{maxMetricsAge: 1m}", objectivesYAML))
+	if p := primary(); p != "a" {
+		t.Fatalf("primary %s with pod a's metrics 3s old and maxMetricsAge 1m; want a (idle)", p)
 	}
 }
