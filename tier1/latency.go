@@ -63,11 +63,20 @@ func latencyFeatures(waiting, running, uncachedTokens, backlogTokens float64) [n
 	return [numFeatures]float64{1, waiting, running / 10, uncachedTokens / 1000, backlogTokens / 1000}
 }
 
+// latencyUnobserved is what an endpoint that has shown no first token yet
+// predicts with: the prior's queue, batch and backlog terms, but no fixed
+// overhead and a free prefill. Optimism until observed: otherwise one
+// slow pod that showed a TTFT early (and so holds every prompt's cache)
+// can look faster than the prior says the idle, never-tried fast pods
+// are, and keep all the traffic; each pod is tried before it is judged.
+// The queue terms still count, so a burst does not all go to one new pod.
+var latencyUnobserved = [numFeatures]float64{0, latencyPrior[1], latencyPrior[2], 0, latencyPrior[4]}
+
 // predict returns the predicted TTFT in seconds, never negative.
 func (m *latencyModel) predict(x *[numFeatures]float64) float64 {
 	c := m.coef.Load()
 	if c == nil {
-		c = &latencyPrior
+		c = &latencyUnobserved
 	}
 	y := 0.0
 	for i := range x {

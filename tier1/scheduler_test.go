@@ -661,3 +661,29 @@ func TestNaNMetricsDoNotWin(t *testing.T) {
 		}
 	}
 }
+
+// TestLatencyModelTriesUnobservedPod: a pod that has shown one slow TTFT
+// must not look faster than an idle pod that has shown none (the prior
+// alone priced the untried pod's prefill above the slow pod's learned
+// figure for a short prompt, so the first pod to answer kept every
+// request). An unobserved pod is optimistic until it is tried.
+func TestLatencyModelTriesUnobservedPod(t *testing.T) {
+	pool, eps := newPool(Metrics{}, Metrics{})
+	s := newSched(t, pool, config.ScoringMeridian, config.Weights{PredictedLatency: 1}, "")
+	hashes := make([]uint64, 32)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	// p0, a slow card, has answered the shared system prompt once and
+	// holds it in its cache.
+	tk := s.Dispatch(eps[0], &Request{Model: "llama", PromptTokens: 2100, Hashes: hashes}, t0)
+	tk.FirstToken(800 * time.Millisecond)
+	tk.Done()
+	for _, ep := range eps {
+		ep.SetMetrics(&Metrics{ScrapedAt: t0})
+	}
+	got, err := s.Schedule(&Request{Model: "llama", PromptTokens: 2100, Hashes: hashes}, t0, nil)
+	if err != nil || got[0] != eps[1] {
+		t.Fatalf("picked %v (%v), want the untried p1", got, err)
+	}
+}
