@@ -187,11 +187,14 @@ func client(p *Platform, region, token string) openai.Client {
 	return openai.NewClient(option.WithBaseURL(p.Endpoints[region]+"/v1/"), option.WithAPIKey(token), option.WithMaxRetries(0))
 }
 
-// eventually polls cond until it holds or 30 s pass: the platform runs on
-// the wall clock over real sockets, which synctest cannot host.
+// eventually polls cond until it holds or 2 minutes pass: the platform
+// runs on the wall clock over real sockets, which synctest cannot host.
+// The bound is generous because gossip and readiness under -race on a
+// loaded 2-core machine took longer than 30 s (the platform's first
+// digests arrived after the wait had given up).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
