@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
@@ -196,7 +197,7 @@ spec:
 	t.Cleanup(srv.Close)
 	p := &platform{gw: gw}
 	p.waitScraped(t)
-	eventually(t, "every pod's /v1/models read", func() bool {
+	testkit.Eventually(t, "every pod's /v1/models read", func() bool {
 		for _, v := range gw.Pools() {
 			for _, ep := range v.Pool.Endpoints() {
 				if ep.Capabilities() == nil {
