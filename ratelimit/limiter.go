@@ -124,10 +124,12 @@ func retryAfterSeconds(d time.Duration) int64 {
 	return s
 }
 
-// Ticket remembers which token buckets an admission charged and by how much.
+// Ticket remembers which buckets an admission charged and by how much:
+// token buckets (lims) for Settle, request buckets (reqs) for Refund.
 type Ticket struct {
 	t        *tenant
 	lims     [3]*limit
+	reqs     [3]*limit
 	estimate float64
 }
 
@@ -524,7 +526,7 @@ func (l *Limiter) AllowAt(now time.Time, r Request) Decision {
 	if d.Allowed {
 		d.RetryAfter = 0
 		d.Ticket.t, d.Ticket.estimate = t, est
-		nt := 0
+		nt, nr := 0, 0
 		for _, lim := range set[:n] {
 			if lim.kind == tokens {
 				lim.b.level -= est
@@ -532,9 +534,11 @@ func (l *Limiter) AllowAt(now time.Time, r Request) Decision {
 				nt++
 			} else {
 				lim.b.level--
+				d.Ticket.reqs[nr] = lim
+				nr++
 			}
 		}
-		if nt == 0 {
+		if nt+nr == 0 {
 			d.Ticket = Ticket{}
 		}
 	} else {
@@ -583,9 +587,39 @@ func (l *Limiter) Settle(tk Ticket, used int64) {
 	l.SettleAt(l.cfg.Now(), tk, used)
 }
 
+// Refund gives back everything an admission charged, for a request that
+// was admitted but never served (no cluster could take it, every cluster
+// failed before responding, the body could not be forwarded): one unit to
+// every request bucket and the whole estimate to every token bucket. Call
+// it instead of Settle, exactly once; a zero Ticket is a no-op.
+func (l *Limiter) Refund(tk Ticket) {
+	l.RefundAt(l.cfg.Now(), tk)
+}
+
+// RefundAt is Refund at a given time.
+func (l *Limiter) RefundAt(now time.Time, tk Ticket) {
+	if tk.t == nil {
+		return
+	}
+	ns := now.UnixNano()
+	tk.t.mu.Lock()
+	for _, lim := range tk.reqs {
+		if lim == nil {
+			break
+		}
+		lim.b.advance(ns)
+		lim.b.level = math.Min(lim.b.level+1, lim.b.burst)
+		lim.shadow.advance(ns)
+		lim.shadow.level = math.Min(lim.shadow.level+1, lim.shadow.burst)
+		lim.pending--
+	}
+	tk.t.mu.Unlock()
+	l.SettleAt(now, tk, 0)
+}
+
 // SettleAt is Settle at a given time.
 func (l *Limiter) SettleAt(now time.Time, tk Ticket, used int64) {
-	if tk.t == nil {
+	if tk.t == nil || tk.lims[0] == nil {
 		return
 	}
 	u := float64(used)

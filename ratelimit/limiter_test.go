@@ -795,3 +795,47 @@ func TestReleaseAfterIdleSurvivesASupersededReport(t *testing.T) {
 		t.Fatalf("a burst on a after b released its slice: %d admitted in all, want the burst (about 100)", admitted)
 	}
 }
+
+// TestRefund: a request admitted but never served gives back its request
+// unit and its whole token estimate, in every scope that charged it, so a
+// tenant is charged only for what it was served.
+func TestRefund(t *testing.T) {
+	c := &clock{now: epoch}
+	l := alone(t, c, map[string]*config.Tenant{"acme": tenantWith(config.TenantLimit{
+		Requests: rate(10, time.Minute, 0),
+		Tokens:   rate(6000, time.Minute, 0),
+	})})
+	d := l.Allow(Request{Tenant: "acme", Tokens: 4000})
+	if !d.Allowed || d.Requests.Remaining != 9 || d.Tokens.Remaining != 2000 {
+		t.Fatalf("first admission: %+v", d)
+	}
+	l.Refund(d.Ticket)
+	// No time has passed: the next admission sees the buckets as if the
+	// refunded request had never been made.
+	d = l.Allow(Request{Tenant: "acme", Tokens: 1000})
+	if !d.Allowed || d.Requests.Remaining != 9 || d.Tokens.Remaining != 5000 {
+		t.Fatalf("after a refund: requests remaining %d (want 9), tokens remaining %d (want 5000)", d.Requests.Remaining, d.Tokens.Remaining)
+	}
+	// Ten admissions exhaust the requests bucket; refunding the tenth
+	// admits one more.
+	for range 9 {
+		if d = l.Allow(Request{Tenant: "acme"}); !d.Allowed {
+			t.Fatalf("within the limit: %+v", d)
+		}
+	}
+	if d := l.Allow(Request{Tenant: "acme"}); d.Allowed {
+		t.Fatalf("the eleventh request within a minute was admitted: %+v", d)
+	}
+	l.Refund(d.Ticket)
+	if d := l.Allow(Request{Tenant: "acme"}); !d.Allowed {
+		t.Fatalf("a refunded unit was not available again: %+v", d)
+	}
+	// A refund never lifts a bucket above its burst, and a zero ticket is a no-op.
+	c.Advance(time.Hour)
+	d = l.Allow(Request{Tenant: "acme", Tokens: 10})
+	l.Refund(d.Ticket)
+	l.Refund(Ticket{})
+	if d := l.Allow(Request{Tenant: "acme"}); d.Requests.Remaining != 9 || d.Tokens.Remaining != 6000 {
+		t.Fatalf("after refunds at full buckets: requests %d (want 9), tokens %d (want 6000)", d.Requests.Remaining, d.Tokens.Remaining)
+	}
+}

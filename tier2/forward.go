@@ -68,7 +68,7 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 	}
 	tenant := st.tenantLabel(c.caller.Tenant)
 	if len(targets) == 0 {
-		r.settle(c, 0)
+		r.refund(c)
 		r.reject(st, c, request.Unavailable("no_cluster", fmt.Sprintf("no healthy cluster serves model %q", c.resolved.Target)), w)
 		return
 	}
@@ -86,7 +86,7 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 	if c.resolved.Target != c.body.Model || c.hideUsage || c.hideContinuous {
 		var err error
 		if body, err = rewriteBody(c.raw, c.body.Model, c.resolved.Target, c.hideUsage || c.hideContinuous, c.params.StreamOptions); err != nil {
-			r.settle(c, 0)
+			r.refund(c)
 			r.reject(st, c, request.BadRequest("bad_request", err.Error()), w)
 			return
 		}
@@ -123,7 +123,7 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 		r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), t.Region, t.Cluster, statusLabel(code)).Inc()
 		return
 	}
-	r.settle(c, 0)
+	r.refund(c) // nothing was served: no cluster answered
 	e := request.Unavailable("upstream_unavailable", fmt.Sprintf("every cluster serving %q failed before responding", c.resolved.Target))
 	switch {
 	case last != nil && last.status == http.StatusTooManyRequests:
@@ -405,6 +405,20 @@ func lineBuffered(br *bufio.Reader) bool {
 	}
 	b, _ := br.Peek(n)
 	return bytes.IndexByte(b, '\n') >= 0
+}
+
+// refund gives back what admission charged (one request and the token
+// estimate) for a request that was never served: a tenant is charged only
+// for what it was served.
+func (r *Router) refund(c *call) {
+	if c.settled || !c.forwarded {
+		return
+	}
+	c.settled = true
+	if r.cfg.Limiter == nil || !c.rl.Allowed {
+		return
+	}
+	r.cfg.Limiter.Refund(c.rl.Ticket)
 }
 
 // settle reconciles the token estimate charged at admission with the

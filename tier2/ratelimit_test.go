@@ -255,3 +255,38 @@ spec:
 		}
 	})
 }
+
+// TestUnservedRequestsAreRefunded: a request admitted by the rate limits
+// but never served — every cluster failed before responding (503
+// upstream_unavailable; no cluster at all takes the same path) — is
+// refunded: its request unit and its token estimate go back, so a tenant
+// is charged only for what it was served. Without the refund, 150 such
+// answers would exhaust support's burst of 100 and turn into 429s.
+func TestUnservedRequestsAreRefunded(t *testing.T) {
+	dead := httptest.NewServer(http.HandlerFunc(usageUpstream))
+	dead.Close() // connections refused: the cluster fails before responding
+	clk := &rlClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	rcfg := ratelimit.DefaultConfig("door")
+	rcfg.Now = clk.Now
+	lim, err := ratelimit.New(rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDoor(t, func(c *Config) { c.Limiter = lim }, dead.URL)
+	clk.Advance(3 * time.Second)
+	lim.Sync()
+	const small = `{"model":"chat-model","prompt":"x","max_tokens":10}`
+	for i := range 150 {
+		resp := d.post(t, t.Context(), d.token(t, "support", nil), "/v1/completions", small, nil)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		<-d.handled
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("unserved request %d: status %d %s, want 503 (a 429 means unserved requests were charged)", i, resp.StatusCode, b)
+		}
+	}
+	got := lim.Allow(ratelimit.Request{Tenant: "support", Model: "chat-model", Tokens: 10})
+	if !got.Allowed || got.Requests.Remaining != 99 {
+		t.Fatalf("after 150 unserved requests: %+v, want admitted with 99 of 100 remaining (only this one charged)", got.Requests)
+	}
+}
