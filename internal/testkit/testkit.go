@@ -15,17 +15,19 @@ import (
 const EventuallyTimeout = 2 * time.Minute
 
 // Eventually polls cond until it holds, and fails tb naming what it waited
-// for when it still does not after EventuallyTimeout.
+// for when it still does not after EventuallyTimeout. It polls every
+// millisecond at first and backs off to every 20 ms, so a condition that
+// is slow to hold (a whole platform starting) does not load the machine.
 func Eventually(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
 	deadline := time.Now().Add(EventuallyTimeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
+	wait := time.Millisecond
 	for !cond() {
 		if time.Now().After(deadline) {
 			tb.Fatalf("timed out after %s waiting for: %s", EventuallyTimeout, what)
 		}
-		<-tick.C
+		<-time.After(wait) // a polling interval, not a synchronisation
+		wait = min(2*wait, 20*time.Millisecond)
 	}
 }
 
