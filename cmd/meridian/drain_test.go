@@ -61,12 +61,13 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology)})
+	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology),
+		DigestMaxAge: time.Hour}) // one digest for the whole test
 	if err != nil {
 		t.Fatal(err)
 	}
 	fleet.Digests().Put(regions.Digest{Region: "r1", Cluster: "c1", Pool: "chat-model", Model: "chat-model", ReadyPods: 1, TotalPods: 1,
-		Headroom: 1, Version: 1, Produced: time.Now().Add(time.Hour)}) // fresh for the whole test
+		Headroom: 1, Version: 1, Produced: time.Now()})
 	log := slog.New(slog.DiscardHandler)
 	r, err := tier2.NewRouter(tier2.Config{Region: "r1", Fleet: fleet, InsecureNoAuth: true, Logger: log}, snap)
 	if err != nil {
