@@ -234,7 +234,7 @@ type Admission struct {
 	// saturation. Default 2s.
 	StaleAfter Duration `json:"staleAfter,omitempty"`
 	// CriticalReserve is the share of the saturation budget kept for
-	// Critical requests, 0..1; 0 means no reserve. Unset means 0.45.
+	// Critical requests, 0..1; 0 means no reserve. Unset means 0.65.
 	CriticalReserve *float64 `json:"criticalReserve,omitempty"`
 	// MaxQueued bounds the requests waiting in the pool's Gate. Default 1000.
 	MaxQueued int `json:"maxQueued,omitempty"`

@@ -34,18 +34,20 @@ type Config struct {
 	// CriticalReserve is the part of the pool's saturation budget kept for
 	// Critical requests: Standard and Sheddable requests are admitted only
 	// while the estimated saturation is below 1 − CriticalReserve, Critical
-	// ones while it is below 1. Zero means 0.45 (with the default
-	// thresholds, about 2.25 waiting requests per pod kept for Critical);
+	// ones while it is below 1. Zero means 0.65 (with the default
+	// thresholds, about 3.25 waiting requests per pod kept for Critical);
 	// negative means no reserve. A larger reserve lets Critical arrivals in
 	// at once and onto pods with short queues and batches, at the cost of
 	// shedding Sheddable and queueing Standard requests earlier.
 	//
-	// 0.45 is the smallest reserve that meets the goal of Critical P99 TTFT
-	// ≤ 1.2× its calm value at 3× overload in bench/priority (4 A10G pods,
-	// 3 seeds: 1.18×; 5 seeds: 1.17×; 8 pods, 300 s, 5 seeds: 1.16×),
-	// against 1.46× at 0.1. It costs throughput at overload (11.9 against
-	// 14.1 req/s with 4 pods): the pods run shorter batches while Standard
-	// waits. docs/BENCHMARKS.md has the sweep.
+	// 0.65 is the smallest reserve of the sweep that meets the goal of
+	// Critical P99 TTFT ≤ 1.2× its calm value at 3× overload in
+	// bench/priority (4 A10G pods, 3 seeds: 1.05×; 5 seeds: 1.07×; 8 pods,
+	// 300 s, 3 seeds: 1.05×), against 1.35× at the former 0.45 and 1.25–1.29×
+	// at 0.5–0.6, once the bench's scheduler learned first tokens when they
+	// happen. It costs throughput at overload (9.5 against 11.7 req/s at
+	// 0.45 with 4 pods): the pods run shorter batches while Standard waits.
+	// docs/BENCHMARKS.md has the sweep.
 	CriticalReserve float64
 	// RetryAfter is the delay a rejection asks the client to wait
 	// (Retry-After, rounded up to whole seconds by the caller). Zero means
@@ -61,7 +63,7 @@ func DefaultConfig() Config {
 		MaxQueuedBytes:  256 << 20,
 		StandardMaxWait: 10 * time.Second,
 		CriticalMaxWait: 30 * time.Second,
-		CriticalReserve: 0.45,
+		CriticalReserve: 0.65,
 		RetryAfter:      time.Second,
 	}
 }

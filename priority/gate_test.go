@@ -129,8 +129,8 @@ func TestSheddableRejectedAtOnce(t *testing.T) {
 		if waited := time.Since(start); waited != 0 {
 			t.Fatalf("Sheddable rejection took %s of virtual time; want 0", waited)
 		}
-		// With headroom it is served.
-		g.Observe(Saturation{Value: 0.5, PerRequest: 0.1, Fresh: 4})
+		// With headroom (below 1 − the default 0.65 reserve) it is served.
+		g.Observe(Saturation{Value: 0.3, PerRequest: 0.1, Fresh: 4})
 		if tk, err := g.Admit(context.Background(), Request{Tenant: "batch", Band: Sheddable}); err != nil {
 			t.Fatalf("Sheddable with headroom: %v", err)
 		} else {
@@ -213,6 +213,8 @@ func TestLateBinding(t *testing.T) {
 
 func TestTicketDoneFreesSlot(t *testing.T) {
 	g := &Gate{}
+	// Standard is admitted below 1 − 0.45: two of the two slots' worth.
+	g.SetConfig(Config{CriticalReserve: 0.45})
 	g.Observe(slots(2))
 	o := newOutcome()
 	for i := 0; i < 4; i++ {
@@ -634,7 +636,7 @@ func TestCriticalReserve(t *testing.T) {
 		reserve  float64
 		standard int // Standard admitted before the pool is full for them
 	}{
-		{"default 0.45", 0, 11},
+		{"default 0.65", 0, 7},
 		{"a quarter", 0.25, 15},
 		{"none", -1, 20},
 	} {

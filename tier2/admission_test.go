@@ -138,11 +138,11 @@ func TestAdmissionWithoutShippedSaturation(t *testing.T) {
 // it admitted since that digest was produced.
 func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		// One pod: five requests fill it; Standard stops at 2.75 (the
-		// default Critical reserve is 0.45), so three get in.
+		// One pod: five requests fill it; Standard stops at 1.75 (the
+		// default Critical reserve is 0.65), so two get in.
 		a, _ := admissionOver(t, pool{"home", "h1", 0, 1, 0})
 		ctx := context.Background()
-		for range 3 {
+		for range 2 {
 			if _, _, err := a.Admit(ctx, "m", priority.Request{Tenant: "t", Band: priority.Standard}); err != nil {
 				t.Fatal(err)
 			}
@@ -153,7 +153,7 @@ func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 		}
 		a.mu.Unlock()
 		if got := outcome(t, a, priority.Standard); got != "waits" {
-			t.Fatalf("fourth Standard request after re-observing the same digest: %s; want waits", got)
+			t.Fatalf("third Standard request after re-observing the same digest: %s; want waits", got)
 		}
 		// A newer digest replaces the Gate's count.
 		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 1, TotalPods: 1,
@@ -203,7 +203,7 @@ func TestAdmissionBandCountsDowngrades(t *testing.T) {
 
 // Configure applies the Topology's spec.routing.admission live: with no
 // Critical reserve, Standard is admitted at a home saturation of 0.7 that
-// the default reserve (0.45) holds for Critical; with a queue threshold of
+// the default reserve (0.65) holds for Critical; with a queue threshold of
 // 10 the same digest counts as half as full.
 func TestAdmissionConfigureLive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

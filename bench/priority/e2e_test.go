@@ -193,7 +193,7 @@ spec:
     modelName: m
     modelSelector: {matchLabels: {pool: m}}
     # A small reserve, so that Standard alone saturates the one pod and
-    # the spill to the other Region shows (the default is 0.45).
+    # the spill to the other Region shows (the default is 0.65).
     admission: {criticalReserve: 0.1}
 ---
 apiVersion: meridian.dev/v1alpha1

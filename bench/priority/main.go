@@ -78,7 +78,7 @@ func main() {
 		warmup   = flag.Duration("warmup", 20*time.Second, "virtual time before measuring")
 		queue    = flag.Float64("queue-threshold", 0, "Meridian's queue threshold per pod (0: the default, 5)")
 		kv       = flag.Float64("kv-threshold", 0, "Meridian's KV-cache threshold (0: the default, 0.8)")
-		reserve  = flag.Float64("critical-reserve", 0, "Meridian's Critical reserve (0: the default, 0.45)")
+		reserve  = flag.Float64("critical-reserve", 0, "Meridian's Critical reserve (0: the default, 0.65)")
 		overload = flag.Float64("overload", 3, "offered load at overload, × capacity")
 		calm     = flag.Float64("calm", 0.5, "offered load without overload, × capacity")
 		timeout  = flag.Duration("client-timeout", 30*time.Second, "clients give up after this long")
@@ -96,7 +96,7 @@ func run(w io.Writer, pods int, profile string, count int, measure, warmup time.
 		return err
 	}
 	fmt.Fprintf(w, "pool: %d × %s pods, capacity %.2f req/s (closed-loop calibration); load %.1f× vs %.1f×; %s measured after %s; client timeout %s; Meridian thresholds: queue %v, KV %v, Critical reserve %v\n\n",
-		pods, profile, capacity, overload, calm, measure, warmup, timeout, label(th.Queue, "5"), label(th.KVCache, "0.8"), label(gc.CriticalReserve, "0.45"))
+		pods, profile, capacity, overload, calm, measure, warmup, timeout, label(th.Queue, "5"), label(th.KVCache, "0.8"), label(gc.CriticalReserve, "0.65"))
 	var cs []*Comparison
 	for seed := uint64(1); seed <= uint64(count); seed++ {
 		c, err := Compare(Scenario{Pods: pods, Profile: profile, Capacity: capacity, Warmup: warmup, Measure: measure,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -48,5 +49,50 @@ func TestScenario(t *testing.T) {
 	}
 	if !strings.Contains(summary(c.Runs[GIE]), "timeouts") {
 		t.Error("summary lost its fields")
+	}
+}
+
+// TestShippedDefaultsMeetTheGoal is `go run ./bench/priority -count 3`
+// asserted: with the shipped admission defaults (no flags), the medians
+// over seeds 1–3 meet the priority goal at 3× overload — Critical P99 TTFT
+// ≤ 1.2× calm, no Critical request shed or timed out, Standard Jain ≥ 0.95
+// — and every Sheddable request is refused. The figures are on the
+// simulator's virtual clock, so the machine's load does not change them.
+func TestShippedDefaultsMeetTheGoal(t *testing.T) {
+	capacity, err := Calibrate(4, "a10g", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ratios, jains []float64
+	for seed := uint64(1); seed <= 3; seed++ {
+		// Meridian only (Compare would run the GIE baseline too).
+		var pair [2]*Result
+		for i, load := range []float64{0.5, 3} {
+			r, err := Run(Scenario{Pods: 4, Profile: "a10g", Capacity: capacity, Warmup: 20 * time.Second, Measure: 120 * time.Second,
+				ClientTimeout: 30 * time.Second, Seed: seed, Policy: Meridian, Tenants: Mix(load)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pair[i] = r
+		}
+		calm, hot := pair[0], pair[1]
+		crit := hot.Bands[priority.Critical]
+		if n := total(crit.Shed) + crit.ClientTimeouts; n != 0 || crit.Served != crit.Offered {
+			t.Errorf("seed %d: Critical served %d of %d, %d lost", seed, crit.Served, crit.Offered, n)
+		}
+		if sh := hot.Bands[priority.Sheddable]; total(sh.Shed) != sh.Offered {
+			t.Errorf("seed %d: %d of %d Sheddable requests refused at overload; want all", seed, total(sh.Shed), sh.Offered)
+		}
+		ratios = append(ratios, float64(crit.TTFTP99)/float64(calm.Bands[priority.Critical].TTFTP99))
+		jains = append(jains, hot.Jain(StandardTenants))
+		t.Logf("seed %d: %s", seed, summary(pair))
+	}
+	slices.Sort(ratios)
+	slices.Sort(jains)
+	if r := ratios[1]; r > 1.2 {
+		t.Errorf("median Critical P99 TTFT at 3× overload is %.2f× calm; the goal is ≤ 1.2× (per seed %.2f)", r, ratios)
+	}
+	if j := jains[1]; j < 0.95 {
+		t.Errorf("median Standard Jain %.3f < 0.95", j)
 	}
 }

@@ -70,7 +70,7 @@ spec:
       jwksURL: https://auth.example.com/jwks.json
   schedulers:
   # One pod per pool: a small Critical reserve keeps the test's load on
-  # the pod instead of queued in the Gate (the default reserve is 0.45).
+  # the pod instead of queued in the Gate (the default reserve is 0.65).
   - {name: %[4]s, modelName: %[3]s, modelSelector: {matchLabels: {pool: %[4]s}}, admission: {criticalReserve: 0.1}}
 ---
 apiVersion: meridian.dev/v1alpha1

@@ -25,7 +25,7 @@ type Admission struct {
 	// Gate applies to every pool's Gate: queue bounds in requests and
 	// bytes, maximum waits, the Critical reserve and Retry-After. The zero
 	// Config is priority's defaults (1,000 requests, 256 MiB, 10 s for
-	// Standard, 30 s for Critical, reserve 0.45, Retry-After 1 s).
+	// Standard, 30 s for Critical, reserve 0.65, Retry-After 1 s).
 	Gate priority.Config
 	// Thresholds turn pod metrics into a pool's saturation. Zero fields
 	// take priority.DefaultThresholds: 5 waiting requests per pod, KV use

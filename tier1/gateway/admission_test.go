@@ -207,10 +207,10 @@ func TestRouteLateBinding(t *testing.T) {
 			t.Fatalf("%v decisions before release", got)
 		}
 
-		// Pod a stays, pod b drains: headroom for Standard (mean 0.4,
-		// below 1 − the 0.45 reserve), and b is best.
+		// Pod a stays, pod b drains: headroom for Standard (mean 0.3,
+		// below 1 − the 0.65 reserve), and b is best.
 		time.Sleep(50 * time.Millisecond)
-		load(gw, eps, map[string]int{"a": 4, "b": 0})
+		load(gw, eps, map[string]int{"a": 3, "b": 0})
 		synctest.Wait()
 		r := <-done
 		if r.err != nil {

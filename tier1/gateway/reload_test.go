@@ -257,7 +257,7 @@ func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml strin
 		t.Fatalf("%d endpoints with the default 2 fallbacks over 2 pods", eps0)
 	}
 
-	// Defaults: reserve 0.45, so Sheddable is admitted below 0.55.
+	// Defaults: reserve 0.65, so Sheddable is admitted below 0.35.
 	held, ok := sheddable("-1")
 	if !ok {
 		t.Fatal("Sheddable refused at saturation 0.2 with the default reserve")
