@@ -64,19 +64,27 @@ func latencyFeatures(waiting, running, uncachedTokens, backlogTokens float64) [n
 }
 
 // latencyUnobserved is what an endpoint that has shown no first token yet
-// predicts with: the prior's queue, batch and backlog terms, but no fixed
-// overhead and a free prefill. Optimism until observed: otherwise one
-// slow pod that showed a TTFT early (and so holds every prompt's cache)
-// can look faster than the prior says the idle, never-tried fast pods
-// are, and keep all the traffic; each pod is tried before it is judged.
-// The queue terms still count, so a burst does not all go to one new pod.
+// predicts with once another candidate has: the prior's queue, batch and
+// backlog terms, but no fixed overhead and a free prefill. Optimism until
+// observed: otherwise one slow pod that showed a TTFT early (and so holds
+// the prompts' caches) can look faster for a cached prompt than the prior
+// says the idle, never-tried fast pods are for an uncached one, and keep
+// all the traffic (live, the first A10G to answer took 64 requests of 64);
+// each pod is tried before it is judged. The queue terms still count, so
+// a burst does not all go to one new pod.
 var latencyUnobserved = [numFeatures]float64{0, latencyPrior[1], latencyPrior[2], 0, latencyPrior[4]}
 
-// predict returns the predicted TTFT in seconds, never negative.
-func (m *latencyModel) predict(x *[numFeatures]float64) float64 {
+// predict returns the predicted TTFT in seconds, never negative. An
+// endpoint with no observation predicts with latencyUnobserved when
+// othersObserved (some other candidate has learned coefficients), else
+// with the prior.
+func (m *latencyModel) predict(x *[numFeatures]float64, othersObserved bool) float64 {
 	c := m.coef.Load()
 	if c == nil {
-		c = &latencyUnobserved
+		c = &latencyPrior
+		if othersObserved {
+			c = &latencyUnobserved
+		}
 	}
 	y := 0.0
 	for i := range x {

@@ -468,6 +468,18 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 	}
 	nowNanos := now.UnixNano()
 	latScale := s.opts.LatencyScale.Seconds()
+	// Once some candidate has shown a first token, the ones that have not
+	// are optimistic until tried (latencyUnobserved); before any has,
+	// all use the prior, whose prefill term orders them by cache.
+	observed := false
+	if all || w[PredictedLatency] > 0 {
+		for _, ep := range sc.cands {
+			if ep.latency.coef.Load() != nil {
+				observed = true
+				break
+			}
+		}
+	}
 
 	for i, ep := range sc.cands {
 		l := &sc.loads[i]
@@ -514,7 +526,7 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 		}
 		if all || w[PredictedLatency] > 0 {
 			x := latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.backlog)
-			p[PredictedLatency] = latScale / (latScale + ep.latency.predict(&x))
+			p[PredictedLatency] = latScale / (latScale + ep.latency.predict(&x, observed))
 		}
 		if all || w[LRU] > 0 {
 			switch {

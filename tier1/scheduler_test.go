@@ -501,7 +501,7 @@ func TestLatencyModelLearnsSlowerPod(t *testing.T) {
 	}
 	req := &Request{Model: "llama", PromptTokens: 2000}
 	x := latencyFeatures(1, 8, 2000, 0)
-	p0, p1 := eps[0].latency.predict(&x), eps[1].latency.predict(&x)
+	p0, p1 := eps[0].latency.predict(&x, true), eps[1].latency.predict(&x, true)
 	want0 := 0.03 + 2000.0/8000
 	if math.Abs(p0-want0) > 0.05 || math.Abs(p1-2*want0) > 0.1 {
 		t.Fatalf("predicted %.3fs and %.3fs, want about %.3fs and %.3fs", p0, p1, want0, 2*want0)
