@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
-	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
@@ -152,7 +151,7 @@ func newPlatformOf(t *testing.T, weights string, maxAge time.Duration, pods map[
 // waitScraped waits until every endpoint has been scraped once.
 func (p *platform) waitScraped(t *testing.T) {
 	t.Helper()
-	testkit.Eventually(t, "every endpoint scraped", func() bool {
+	eventually(t, "every endpoint scraped", func() bool {
 		for _, v := range p.gw.Pools() {
 			for _, ep := range v.Pool.Endpoints() {
 				if ep.Metrics() == nil {
@@ -162,6 +161,22 @@ func (p *platform) waitScraped(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// eventually polls cond until it holds or 20 s pass. The live pods and
+// scrapers run on the wall clock over real sockets, which synctest cannot
+// host, so this waits on an observable condition rather than for a time.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		<-tick.C
+	}
 }
 
 type result struct {
@@ -278,7 +293,7 @@ func TestStalePodAvoided(t *testing.T) {
 		}
 	}
 	scraped := ep.Metrics().ScrapedAt
-	testkit.Eventually(t, "the dead pod's metrics to age past the staleness bound", func() bool {
+	eventually(t, "the dead pod's metrics to age past the staleness bound", func() bool {
 		return time.Since(scraped) > 400*time.Millisecond
 	})
 	for i := range 15 {
@@ -362,7 +377,7 @@ func TestAdaptersRegisteredOnSomePods(t *testing.T) {
 			loraPool = v.Pool
 		}
 	}
-	testkit.Eventually(t, "every lora pod's /v1/models read", func() bool {
+	eventually(t, "every lora pod's /v1/models read", func() bool {
 		for _, ep := range loraPool.Endpoints() {
 			if ep.Capabilities() == nil {
 				return false
