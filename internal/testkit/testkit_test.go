@@ -37,7 +37,7 @@ func TestEventually(t *testing.T) {
 			t.Errorf("a condition that comes to hold failed: %s", failed)
 		}
 		failed, took := run(func() bool { return false })
-		if failed != "timed out after 30s waiting for: the thing" {
+		if failed != "timed out after "+EventuallyTimeout.String()+" waiting for: the thing" {
 			t.Errorf("a condition that never holds: %q", failed)
 		}
 		if took < EventuallyTimeout {
