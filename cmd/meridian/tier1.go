@@ -46,7 +46,6 @@ type tier1Flags struct {
 	peers          []string // other replicas' --health addresses
 	promptSamples  bool     // keep redacted prompt samples for the hygiene report
 	identityKey    string   // file of the key Tier-2 signs tenant and band with
-	identity       []byte   // the key itself (meridian up generates one); wins over identityKey
 }
 
 func newTier1Cmd() *cobra.Command {
@@ -111,8 +110,7 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 		Logger:     log,
 		Prompts:    prompts,
 	}
-	gcfg.Tier2Key = f.identity
-	if f.identityKey != "" && f.identity == nil {
+	if f.identityKey != "" {
 		if gcfg.Tier2Key, err = trust.ReadKey(f.identityKey); err != nil {
 			src.close()
 			return nil, &exitError{2, err}

@@ -285,11 +285,6 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 		}
 	}
 
-	// A key Tier-2s sign tenant and band with, so that the Tier-1s trust
-	// those headers only from them (internal/trust).
-	identity := make([]byte, 32)
-	rand.Read(identity)
-
 	// One Tier-1 per cluster.
 	for _, r := range snap.Topology.Spec.Regions {
 		for _, c := range r.Clusters {
@@ -300,7 +295,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 			}
 			t1, err := startTier1(ctx, tier1Flags{src: src.forComponent(c.Name), cluster: c.Name, replica: c.Name + "-0", listen: u.Host,
 				metrics: "127.0.0.1:0", health: c.Health, region: r.Name, scrapeInterval: 50 * time.Millisecond, maxMetricsAge: time.Second,
-				promptSamples: true, identity: identity}, log) // a local platform carries your own prompts: show where they diverge
+				promptSamples: true}, log) // a local platform carries your own prompts: show where they diverge
 			if err != nil {
 				cleanup()
 				return nil, fmt.Errorf("up: cluster %s: %w", c.Name, err)
@@ -352,7 +347,7 @@ func startUp(ctx context.Context, f upFlags, log *slog.Logger) (*Platform, error
 			addr = "127.0.0.1:0"
 		}
 		t2, err := startTier2(ctx, tier2Flags{src: src.forComponent(name), region: r.Name, name: name, listen: addr, metrics: "127.0.0.1:0",
-			gossipBind: "127.0.0.1:0", join: slices.Clone(joins), gossipProfile: "local", front: tier2.Config{Tier1Key: identity}},
+			gossipBind: "127.0.0.1:0", join: slices.Clone(joins), gossipProfile: "local"},
 			keys, delayTransport(r.Name, regionOf, snap, f.crossDelay), log, gt)
 		if err != nil {
 			cleanup()
