@@ -123,7 +123,10 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 		r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), t.Region, t.Cluster, statusLabel(code)).Inc()
 		return
 	}
-	r.refund(c) // nothing was served: no cluster answered
+	// Nothing was served: the tokens go back. The request stays charged:
+	// the clusters were tried, and the requests limit is what bounds a
+	// caller flooding clusters that fail.
+	r.refundTokens(c)
 	e := request.Unavailable("upstream_unavailable", fmt.Sprintf("every cluster serving %q failed before responding", c.resolved.Target))
 	switch {
 	case last != nil && last.status == http.StatusTooManyRequests:
@@ -408,8 +411,9 @@ func lineBuffered(br *bufio.Reader) bool {
 }
 
 // refund gives back what admission charged (one request and the token
-// estimate) for a request that was never served: a tenant is charged only
-// for what it was served.
+// estimate) for a request no cluster was even tried for (none serves the
+// model, or its body could not be forwarded): a tenant is charged only for
+// what it was served.
 func (r *Router) refund(c *call) {
 	if c.settled || !c.forwarded {
 		return
@@ -419,6 +423,19 @@ func (r *Router) refund(c *call) {
 		return
 	}
 	r.cfg.Limiter.Refund(c.rl.Ticket)
+}
+
+// refundTokens gives back the token estimate of a request that clusters
+// were tried for but none served; its request unit stays charged.
+func (r *Router) refundTokens(c *call) {
+	if c.settled || !c.forwarded {
+		return
+	}
+	c.settled = true
+	if r.cfg.Limiter == nil || !c.rl.Allowed {
+		return
+	}
+	r.cfg.Limiter.Settle(c.rl.Ticket, 0) // exactly 0 used: the whole estimate back
 }
 
 // settle reconciles the token estimate charged at admission with the

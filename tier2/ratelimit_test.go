@@ -257,11 +257,12 @@ spec:
 }
 
 // TestUnservedRequestsAreRefunded: a request admitted by the rate limits
-// but never served — every cluster failed before responding (503
-// upstream_unavailable; no cluster at all takes the same path) — is
-// refunded: its request unit and its token estimate go back, so a tenant
-// is charged only for what it was served. Without the refund, 150 such
-// answers would exhaust support's burst of 100 and turn into 429s.
+// but never served because every cluster failed before responding (503
+// upstream_unavailable) gets its token estimate back, so a tenant is
+// charged tokens only for what it was served; its request unit stays
+// charged, since the clusters were tried and the requests limit is what
+// bounds a caller flooding failing clusters. Without the refund each
+// would be charged its prompt estimate.
 func TestUnservedRequestsAreRefunded(t *testing.T) {
 	dead := httptest.NewServer(http.HandlerFunc(usageUpstream))
 	dead.Close() // connections refused: the cluster fails before responding
@@ -275,18 +276,31 @@ func TestUnservedRequestsAreRefunded(t *testing.T) {
 	d := newDoor(t, func(c *Config) { c.Limiter = lim }, dead.URL)
 	clk.Advance(3 * time.Second)
 	lim.Sync()
-	const small = `{"model":"chat-model","prompt":"x","max_tokens":10}`
-	for i := range 150 {
-		resp := d.post(t, t.Context(), d.token(t, "support", nil), "/v1/completions", small, nil)
+	post := func(tenant, body string) int {
+		resp := d.post(t, t.Context(), d.token(t, tenant, nil), "/v1/completions", body, nil)
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		<-d.handled
-		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.Fatalf("unserved request %d: status %d %s, want 503 (a 429 means unserved requests were charged)", i, resp.StatusCode, b)
+		if resp.StatusCode != http.StatusServiceUnavailable && resp.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("status %d %s", resp.StatusCode, b)
+		}
+		return resp.StatusCode
+	}
+	const big = `{"model":"chat-model","prompt":"x","max_tokens":300}`
+	for i := range 10 {
+		if code := post("few-tokens", big); code != http.StatusServiceUnavailable {
+			t.Fatalf("unserved request %d: status %d, want 503", i, code)
 		}
 	}
-	got := lim.Allow(ratelimit.Request{Tenant: "support", Model: "chat-model", Tokens: 10})
-	if !got.Allowed || got.Requests.Remaining != 99 {
-		t.Fatalf("after 150 unserved requests: %+v, want admitted with 99 of 100 remaining (only this one charged)", got.Requests)
+	if got := lim.Allow(ratelimit.Request{Tenant: "few-tokens", Model: "chat-model", Tokens: 1}); !got.Allowed || got.Tokens.Remaining != 999 {
+		t.Fatalf("after 10 unserved requests: %+v, want 999 of 1000 tokens left", got.Tokens)
+	}
+	// The request unit stays charged: support's burst of 100 runs out.
+	codes := map[int]int{}
+	for range 101 {
+		codes[post("support", `{"model":"chat-model","prompt":"x","max_tokens":10}`)]++
+	}
+	if codes[http.StatusServiceUnavailable] != 100 || codes[http.StatusTooManyRequests] != 1 {
+		t.Fatalf("101 requests to failing clusters under a burst of 100: %v, want 100 × 503 and 1 × 429", codes)
 	}
 }
