@@ -64,35 +64,32 @@ func Validate(data []byte) (Params, error) {
 		if v.s.peek() == 0 {
 			return v.s.errorf("unexpected end of input")
 		}
-		switch k := string(key); k {
+		// A switch on string(key) does not allocate; the cases name
+		// their parameter with a constant for the same reason.
+		switch string(key) {
 		case "max_tokens":
-			return v.integer(k, 1, MaxOutputTokens, &maxTokens)
+			return v.integer("max_tokens", 1, MaxOutputTokens, &maxTokens)
 		case "max_completion_tokens":
-			return v.integer(k, 1, MaxOutputTokens, &maxCompletion)
-		case "n", "best_of":
-			n := int64(0)
-			if err := v.integer(k, 1, MaxChoices, &n); err != nil {
-				return err
-			}
-			if n == 0 {
-				n = 1
-			}
-			if k == "n" {
-				v.p.N = n
-			}
-			return nil
+			return v.integer("max_completion_tokens", 1, MaxOutputTokens, &maxCompletion)
+		case "n":
+			return v.choices("n", &v.p.N)
+		case "best_of":
+			var n int64
+			return v.choices("best_of", &n)
 		case "temperature":
-			return v.float(k, 0, 2)
+			return v.float("temperature", 0, 2)
 		case "top_p":
-			return v.float(k, 0, 1)
-		case "presence_penalty", "frequency_penalty":
-			return v.float(k, -2, 2)
+			return v.float("top_p", 0, 1)
+		case "presence_penalty":
+			return v.float("presence_penalty", -2, 2)
+		case "frequency_penalty":
+			return v.float("frequency_penalty", -2, 2)
 		case "seed":
 			var seed int64
-			return v.integer(k, math.MinInt64, math.MaxInt64, &seed)
+			return v.integer("seed", math.MinInt64, math.MaxInt64, &seed)
 		case "top_logprobs":
 			var n int64
-			return v.integer(k, 0, MaxTopLogprobs, &n)
+			return v.integer("top_logprobs", 0, MaxTopLogprobs, &n)
 		case "logprobs":
 			// A boolean in chat, an integer in completions.
 			if c := v.s.peek(); c == 't' || c == 'f' {
@@ -100,15 +97,15 @@ func Validate(data []byte) (Params, error) {
 				return err
 			}
 			var n int64
-			return v.integer(k, 0, MaxTopLogprobs, &n)
+			return v.integer("logprobs", 0, MaxTopLogprobs, &n)
 		case "stream":
-			b, err := v.boolean(k)
+			b, err := v.boolean("stream")
 			v.p.Stream = b
 			return err
 		case "stop":
 			return v.stop()
 		case "user":
-			return v.str(k)
+			return v.str("user")
 		case "stream_options":
 			return v.streamOptions()
 		}
@@ -145,6 +142,16 @@ func typeError(param, want string) *ParamError {
 }
 
 // integer reads an integer in [lo, hi] or null (which leaves *dst 0).
+// choices reads n or best_of: 1 to MaxChoices, 0 meaning 1.
+func (v *validator) choices(name string, out *int64) error {
+	n := int64(0)
+	if err := v.integer(name, 1, MaxChoices, &n); err != nil {
+		return err
+	}
+	*out = max(n, 1)
+	return nil
+}
+
 func (v *validator) integer(param string, lo, hi int64, dst *int64) error {
 	s := &v.s
 	switch c := s.peek(); {

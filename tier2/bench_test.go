@@ -20,19 +20,38 @@ import (
 )
 
 // canned is a Tier-1 that answers every request with the same event
-// stream, in memory: the benchmark measures Tier-2's own work.
-type canned struct{ body []byte }
+// stream, in memory: the benchmark measures Tier-2's own work. A request
+// that asks for vLLM's continuous_usage_stats gets usage in every chunk,
+// as the simulator (and vLLM) sends it.
+type canned struct{ body, continuous []byte }
 
-func (c canned) RoundTrip(r *http.Request) (*http.Response, error) {
-	io.Copy(io.Discard, r.Body)
-	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
-		Body: io.NopCloser(bytes.NewReader(c.body)), Request: r}, nil
+func newCanned(model string, events int) canned {
+	return canned{sseBody(model, events), sseBodyUsage(model, events, true)}
 }
 
-func sseBody(model string, events int) []byte {
+func (c canned) RoundTrip(r *http.Request) (*http.Response, error) {
+	var sb strings.Builder
+	io.Copy(&sb, r.Body)
+	body := c.body
+	if c.continuous != nil && strings.Contains(sb.String(), `"continuous_usage_stats":true`) {
+		body = c.continuous
+	}
+	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
+		Body: io.NopCloser(bytes.NewReader(body)), Request: r}, nil
+}
+
+func sseBody(model string, events int) []byte { return sseBodyUsage(model, events, false) }
+
+// sseBodyUsage is a stream of events one-token chunks and the final usage
+// chunk; with continuous, every chunk carries the usage so far.
+func sseBodyUsage(model string, events int, continuous bool) []byte {
 	var b strings.Builder
 	for i := 0; i < events; i++ {
-		b.WriteString(`data: {"choices":[{"delta":{"content":" tok"},"finish_reason":null,"index":0}],"created":1,"id":"x","model":"` + model + `","object":"chat.completion.chunk"}` + "\n\n")
+		usage := ""
+		if continuous {
+			usage = fmt.Sprintf(`,"usage":{"completion_tokens":%d,"prompt_tokens":50,"total_tokens":%d}`, i+1, 51+i)
+		}
+		b.WriteString(`data: {"choices":[{"delta":{"content":" tok"},"finish_reason":null,"index":0}],"created":1,"id":"x","model":"` + model + `","object":"chat.completion.chunk"` + usage + "}\n\n")
 	}
 	b.WriteString(`data: {"choices":[],"model":"` + model + `","object":"chat.completion.chunk","usage":{"completion_tokens":16,"prompt_tokens":50,"total_tokens":66}}` + "\n\ndata: [DONE]\n\n")
 	return []byte(b.String())
@@ -92,7 +111,7 @@ spec:
 		tb.Fatal(err)
 	}
 	_, ecK, _ := newKeys(&testing.T{})
-	var tr http.RoundTripper = canned{sseBody("chat-model", 16)}
+	var tr http.RoundTripper = newCanned("chat-model", 16)
 	if url != "" {
 		tr = nil // NewTransport()
 	}
@@ -168,10 +187,12 @@ func BenchmarkServeInference(b *testing.B) {
 
 // serveInferenceAllocs is the allocation budget of one streamed request
 // through Router.Handler (the stages, the relay of 16 events and the
-// test's own request and recorder), short prompt and 225 KB prompt:
-// BenchmarkServeInference's figures when the budget was set. A change
-// that allocates more per request fails TestServeInferenceAllocs.
-var serveInferenceAllocs = map[int]float64{700: 78, 225280: 80}
+// test's own request and recorder, and the canned upstream reading the
+// body to see whether usage is asked for in every chunk), short prompt and
+// 225 KB prompt: BenchmarkServeInference's figures when the budget was
+// set. A change that allocates more per request fails
+// TestServeInferenceAllocs.
+var serveInferenceAllocs = map[int]float64{700: 79, 225280: 80}
 
 func TestServeInferenceAllocs(t *testing.T) {
 	if raceEnabled {
@@ -195,9 +216,14 @@ func TestServeInferenceAllocs(t *testing.T) {
 // does) through the shipped transport. cpu-ns/op is the process's CPU
 // time per request (client and upstream included).
 func BenchmarkServeInferenceHTTP(b *testing.B) {
-	events := sseBody("chat-model", 16)
+	c := newCanned("chat-model", 16)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		var sb strings.Builder
+		io.Copy(&sb, r.Body)
+		events := c.body
+		if strings.Contains(sb.String(), `"continuous_usage_stats":true`) {
+			events = c.continuous
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		fl := w.(http.Flusher)
 		for rest := events; len(rest) > 0; {

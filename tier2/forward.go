@@ -10,8 +10,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -260,10 +262,13 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 		}
 	}
 	rc := http.NewResponseController(w)
-	from, to := []byte(`"model":"`+c.resolved.Target+`"`), []byte(`"model":"`+c.resolved.Public+`"`)
 	rename := c.resolved.Target != c.resolved.Public
-	idle := time.AfterFunc(r.cfg.StreamIdleTimeout, func() { cancel(errStreamIdle) })
-	defer idle.Stop()
+	var from, to []byte
+	if rename {
+		from, to = []byte(`"model":"`+c.resolved.Target+`"`), []byte(`"model":"`+c.resolved.Public+`"`)
+	}
+	idle := newIdleTimer(r.cfg.StreamIdleTimeout, func() { cancel(errStreamIdle) })
+	defer idle.stop()
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 		markFirst()
@@ -290,6 +295,9 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	// leave in one write, as nginx relays them, and none waits behind a
 	// read.
 	pending := false
+	// buffered: a whole line is in br, so the next ReadSlice does not
+	// wait on the network (and is no progress for the idle timer).
+	buffered := false
 	for {
 		line, err := br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
@@ -305,8 +313,8 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 			line = append(append([]byte(nil), line...), rest...)
 			err = nil
 		}
-		if err == nil {
-			idle.Reset(r.cfg.StreamIdleTimeout)
+		if err == nil && !buffered {
+			idle.touch()
 		}
 		if len(line) > 0 {
 			markFirst()
@@ -333,7 +341,8 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 				pending = true
 			}
 		}
-		if pending && err == nil && !lineBuffered(br) {
+		buffered = err == nil && lineBuffered(br)
+		if pending && err == nil && !buffered {
 			if rc.Flush() != nil {
 				r.settle(c, acct.tokens(c))
 				return resp.StatusCode
@@ -628,4 +637,41 @@ func preferOtherRegions(ts []regions.Target, region string) []regions.Target {
 		}
 	}
 	return out
+}
+
+// idleTimer fires when a stream has made no progress for d. Progress is
+// recorded with touch, a clock read and an atomic store per event; the
+// timer is re-armed only when it fires early (Timer.Reset on every event
+// cost more than the rest of the event's accounting).
+type idleTimer struct {
+	d       time.Duration
+	base    time.Time
+	last    atomic.Int64 // time.Since(base) at the last progress
+	stopped atomic.Bool
+	t       atomic.Pointer[time.Timer]
+}
+
+func newIdleTimer(d time.Duration, fire func()) *idleTimer {
+	it := &idleTimer{d: d, base: time.Now()}
+	it.t.Store(time.AfterFunc(d, func() {
+		if it.stopped.Load() {
+			return
+		}
+		if idle := time.Since(it.base) - time.Duration(it.last.Load()); idle < it.d {
+			for it.t.Load() == nil { // AfterFunc has not returned yet
+				runtime.Gosched()
+			}
+			it.t.Load().Reset(it.d - idle)
+			return
+		}
+		fire()
+	}))
+	return it
+}
+
+func (it *idleTimer) touch() { it.last.Store(int64(time.Since(it.base))) }
+
+func (it *idleTimer) stop() {
+	it.stopped.Store(true)
+	it.t.Load().Stop()
 }

@@ -40,6 +40,7 @@ import (
 
 var (
 	meridianBin = flag.String("meridian", "", "path to a built meridian binary (required)")
+	tier1Bin    = flag.String("tier1-meridian", "", "meridian binary for the simulated pods and the shared Tier-1 (default: --meridian); set it to compare two Tier-2 builds in front of the same Tier-1")
 	nginxBin    = flag.String("nginx", "/usr/sbin/nginx", "path to nginx (skipped when absent)")
 	concurrency = flag.Int("concurrency", 64, "concurrent streams")
 	duration    = flag.Duration("duration", 8*time.Second, "load per path per run")
@@ -57,6 +58,9 @@ func main() {
 	log.SetFlags(0)
 	if *meridianBin == "" {
 		log.Fatal("--meridian is required: go build -o /tmp/meridian ./cmd/meridian")
+	}
+	if *tier1Bin == "" {
+		*tier1Bin = *meridianBin
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -83,11 +87,11 @@ func main() {
 			log.Fatalf("start %s: %v", name, err)
 		}
 		procs = append(procs, cmd)
-		if len(args) > 0 && (args[0] == "tier1" || args[0] == "tier2") {
+		if len(args) > 0 && (args[0] == "tier1" || args[0] == "tier2" || args[0] == "sim") {
 			pids[args[0]] = cmd.Process.Pid
 		}
 	}
-	start(*meridianBin, "sim", "--profile", "h100", "--model", "bench", "--pods", fmt.Sprint(*pods),
+	start(*tier1Bin, "sim", "--profile", "h100", "--model", "bench", "--pods", fmt.Sprint(*pods),
 		"--port", fmt.Sprint(podPort), "--time-scale", fmt.Sprint(*timeScale), "--labels", "pool=bench",
 		"--endpoints-out", filepath.Join(dir, "pods.yaml"))
 	podAddrs := make([]string, *pods)
@@ -96,7 +100,7 @@ func main() {
 	}
 	waitHTTP("http://" + podAddrs[len(podAddrs)-1] + "/health")
 	token := writeConfig(dir, t1, t1health)
-	start(*meridianBin, "tier1", "--config", dir, "--listen", t1, "--health", t1health, "--metrics", "")
+	start(*tier1Bin, "tier1", "--config", dir, "--listen", t1, "--health", t1health, "--metrics", "")
 	waitHTTP("http://" + t1 + "/readyz")
 	start(*meridianBin, "tier2", "--config", dir, "--region", "bench", "--name", "bench", "--listen", t2, "--metrics", "", "--subscribe-all")
 	waitHTTP("http://" + t2 + "/readyz")
@@ -133,10 +137,13 @@ func main() {
 			if p == "tier2" {
 				hdr.Set("Authorization", "Bearer "+token)
 			}
-			cpu0 := procCPU(pids[p])
+			cpu0, behind0 := procCPU(pids[p]), procCPU(pids["tier1"])+procCPU(pids["sim"])
 			res := load(urls, hdr, body)
-			if n := res.rps * duration.Seconds(); pids[p] != 0 && n > 0 {
-				res.cpuPerReq = (procCPU(pids[p]) - cpu0) / time.Duration(n)
+			if n := res.rps * duration.Seconds(); n > 0 {
+				if pids[p] != 0 {
+					res.cpuPerReq = (procCPU(pids[p]) - cpu0) / time.Duration(n)
+				}
+				res.behindPerReq = (procCPU(pids["tier1"]) + procCPU(pids["sim"]) - behind0) / time.Duration(n)
 			}
 			results[p] = append(results[p], res)
 			fmt.Fprintf(os.Stderr, "run %d %-7s %7.0f req/s  ttfb p50 %6.2f ms  p99 %6.2f ms  proxy CPU %4.0f µs/req  errors %d\n",
@@ -155,6 +162,11 @@ type result struct {
 	// Tier-1's for tier1 (the shared Tier-1 behind tier2 and nginx is not
 	// in their figure).
 	cpuPerReq time.Duration
+	// behindPerReq is the CPU time of the shared Tier-1 and the simulated
+	// pods per request: what the path costs the processes behind it (a
+	// Tier-2 that asks for more, e.g. usage in every chunk, costs more
+	// there).
+	behindPerReq time.Duration
 }
 
 // procCPU is the user and system CPU time of pid and its child
@@ -270,8 +282,8 @@ func report(order []string, results map[string][]result) {
 	}
 	fmt.Printf("\n%d concurrent streams, %d-byte prompts, %d output tokens, %d runs × %s per path; medians over runs.\n\n",
 		*concurrency, *promptBytes, *maxTokens, *runs, *duration)
-	fmt.Println("| path | req/s | TTFB p50 (ms) | TTFB p99 (ms) | added p50 (ms) | added p99 (ms) | req/s ÷ nginx | proxy CPU µs/req | CPU ÷ nginx |")
-	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Println("| path | req/s | TTFB p50 (ms) | TTFB p99 (ms) | added p50 (ms) | added p99 (ms) | req/s ÷ nginx | proxy CPU µs/req | CPU ÷ nginx | Tier-1 + pods CPU µs/req |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	direct := results["direct"]
 	nginx := results["nginx"]
 	for _, p := range order {
@@ -279,9 +291,10 @@ func report(order []string, results map[string][]result) {
 		if len(rs) == 0 {
 			continue
 		}
-		var rps, p50, p99, a50, a99, ratio, cpu, cpuRatio []float64
+		var rps, p50, p99, a50, a99, ratio, cpu, cpuRatio, behind []float64
 		for i, r := range rs {
 			rps = append(rps, r.rps)
+			behind = append(behind, float64(r.behindPerReq.Nanoseconds())/1e3)
 			cpu = append(cpu, float64(r.cpuPerReq.Nanoseconds())/1e3)
 			if i < len(nginx) && nginx[i].cpuPerReq > 0 {
 				cpuRatio = append(cpuRatio, float64(r.cpuPerReq)/float64(nginx[i].cpuPerReq))
@@ -304,7 +317,7 @@ func report(order []string, results map[string][]result) {
 		if len(cpuRatio) > 0 && med(cpu) > 0 {
 			cr = fmt.Sprintf("%.2f", med(cpuRatio))
 		}
-		fmt.Printf("| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %.0f | %s |\n", p, med(rps), med(p50), med(p99), med(a50), med(a99), ra, med(cpu), cr)
+		fmt.Printf("| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %.0f | %s | %.0f |\n", p, med(rps), med(p50), med(p99), med(a50), med(a99), ra, med(cpu), cr, med(behind))
 	}
 }
 
