@@ -383,6 +383,7 @@ func (lp *LivePod) stream(w http.ResponseWriter, r *http.Request, req *request, 
 		}
 	}
 	sent := 0
+	var chunkBuf [512]byte
 	for {
 		if err := lp.wait(r.Context(), lr); err != nil {
 			lp.cancel(lr)
@@ -393,12 +394,17 @@ func (lp *LivePod) stream(w http.ResponseWriter, r *http.Request, req *request, 
 		}
 		tokens, done, out := lp.progress(lr)
 		if tokens > sent {
-			var extra map[string]any
+			// The chunk every step sends, encoded without reflection
+			// (json.Marshal of its maps was most of a simulated pod's
+			// CPU per request, which on a shared machine is taken from
+			// the proxies being measured).
+			usage := -1
 			if req.continuous {
-				p := lr.req.PromptTokens
-				extra = map[string]any{"usage": map[string]any{"prompt_tokens": p, "completion_tokens": tokens, "total_tokens": p + tokens}}
+				usage = lr.req.PromptTokens
 			}
-			send(choice(tokenText(sent, tokens), nil, false), extra)
+			bw.WriteString("data: ")
+			bw.Write(appendTokenChunk(chunkBuf[:0], id, object, req.model, created, req.chat, tokenText(sent, tokens), usage, tokens))
+			bw.WriteString("\n\n")
 			sent = tokens
 		}
 		if done && out.Err != nil {
@@ -487,4 +493,52 @@ func formatLabels(l map[string]string) string {
 		parts[i] = k + "=" + strconv.Quote(l[k])
 	}
 	return strings.Join(parts, ",")
+}
+
+// appendTokenChunk appends the JSON of a streamed chunk carrying text: the
+// bytes json.Marshal writes for the maps stream's send builds (keys in
+// order), with usage so far when prompt >= 0 (vLLM's
+// continuous_usage_stats).
+func appendTokenChunk(b []byte, id, object, model string, created int64, chat bool, text string, prompt, completion int) []byte {
+	b = append(b, `{"choices":[{`...)
+	if chat {
+		b = append(b, `"delta":{"content":`...)
+		b = appendJSONString(b, text)
+		b = append(b, `},"finish_reason":null,"index":0,"logprobs":null}]`...)
+	} else {
+		b = append(b, `"finish_reason":null,"index":0,"logprobs":null,"text":`...)
+		b = appendJSONString(b, text)
+		b = append(b, `}]`...)
+	}
+	b = append(b, `,"created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"model":`...)
+	b = appendJSONString(b, model)
+	b = append(b, `,"object":`...)
+	b = appendJSONString(b, object)
+	if prompt >= 0 {
+		b = append(b, `,"usage":{"completion_tokens":`...)
+		b = strconv.AppendInt(b, int64(completion), 10)
+		b = append(b, `,"prompt_tokens":`...)
+		b = strconv.AppendInt(b, int64(prompt), 10)
+		b = append(b, `,"total_tokens":`...)
+		b = strconv.AppendInt(b, int64(prompt+completion), 10)
+		b = append(b, '}')
+	}
+	return append(b, '}')
+}
+
+// appendJSONString appends s as json.Marshal encodes it.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c >= 0x80 {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
