@@ -43,3 +43,17 @@ func TestTokenChunkMatchesMarshal(t *testing.T) {
 		}
 	}
 }
+
+// TestResponseIDIsOpaque: a response id says nothing about the pod that
+// served it (callers must not learn pod names).
+func TestResponseIDIsOpaque(t *testing.T) {
+	a, b := responseID(), responseID()
+	if len(a) != 32 || a == b {
+		t.Fatalf("ids %q, %q: want 32 random hex digits each", a, b)
+	}
+	for _, c := range a {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			t.Fatalf("id %q is not hex", a)
+		}
+	}
+}

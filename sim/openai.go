@@ -3,10 +3,12 @@ package sim
 import (
 	"bufio"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"sort"
 	"strconv"
@@ -269,9 +271,11 @@ func (lp *LivePod) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	created := time.Now().Unix()
-	id := "cmpl-" + lr.req.ID
+	// An opaque id, as vLLM's (a random UUID's hex): the pod's name
+	// stays inside the cluster.
+	id := "cmpl-" + responseID()
 	if chat {
-		id = "chatcmpl-" + lr.req.ID
+		id = "chatcmpl-" + responseID()
 	}
 	if req.stream {
 		lp.stream(w, r, req, lr, id, created)
@@ -541,4 +545,12 @@ func appendJSONString(b []byte, s string) []byte {
 	b = append(b, '"')
 	b = append(b, s...)
 	return append(b, '"')
+}
+
+// responseID is 32 random hex digits.
+func responseID() string {
+	var b [32]byte
+	hex.Encode(b[:16], binary.BigEndian.AppendUint64(nil, rand.Uint64()))
+	hex.Encode(b[16:], binary.BigEndian.AppendUint64(nil, rand.Uint64()))
+	return string(b[:])
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -219,6 +220,14 @@ func TestPlatformEndToEnd(t *testing.T) {
 		}
 		if resp.Header.Get("x-ratelimit-limit-requests") != "" {
 			t.Fatal("rate-limit headers for a tenant without limits")
+		}
+		// Nothing in the answer names the pod: not its address, not its
+		// name in the id.
+		if !regexp.MustCompile(`^chatcmpl-[0-9a-f]{32}$`).MatchString(out.ID) {
+			t.Fatalf("response id %q: want an opaque chatcmpl-<32 hex>", out.ID)
+		}
+		if v := resp.Header.Get("x-gateway-destination-endpoint-served"); v != "" {
+			t.Fatalf("pod address %q shown to the caller", v)
 		}
 	})
 
