@@ -49,7 +49,8 @@ type Admission struct {
 // x-gateway-inference-fairness-id; the claimed band from x-meridian-band
 // (a band name, set by Tier-2) or GIE's x-gateway-inference-objective (an
 // InferenceObjective name or an integer priority, negative = Sheddable).
-// No header means Standard. The claim is lowered to the tenant's maxBand
+// No header means Standard. With a Tier2Key, an unsigned objective cannot
+// claim more than Standard. The claim is lowered to the tenant's maxBand
 // and the downgrade counted. An unreadable header is a 400.
 func (g *Gateway) Band(h http.Header) (tenant string, band priority.Band, err error) {
 	tenant = h.Get(HeaderTenant)
@@ -61,6 +62,12 @@ func (g *Gateway) Band(h http.Header) (tenant string, band priority.Band, err er
 		claim, err = priority.ParseBand(v)
 	} else {
 		claim, err = priority.ParseObjective(h.Get(HeaderObjective), g.table.Load().objectives)
+		// Behind a Tier-2 (Tier2Key set), a band comes signed in
+		// x-meridian-band; an objective nobody signed may lower the
+		// request's priority but not raise it above Standard.
+		if g.cfg.Tier2Key != nil && claim > priority.Standard {
+			claim = priority.Standard
+		}
 	}
 	if err != nil {
 		return tenant, priority.Standard, request.BadRequest("bad_priority", err.Error())

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/internal/trust"
+	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1/gateway"
 )
@@ -61,5 +62,26 @@ func TestTenantHeadersMustBeSigned(t *testing.T) {
 				t.Fatalf("Decide = %v, want 401", err)
 			}
 		})
+	}
+}
+
+// With a Tier2Key, GIE's x-gateway-inference-objective without a signed
+// identity may lower a request's band but not raise it: a caller that
+// reaches Tier-1 directly cannot make itself Critical.
+func TestUnsignedObjectiveCannotRaiseBand(t *testing.T) {
+	key := bytes.Repeat([]byte("k"), 32)
+	gw, _, _ := newGateway(t, gateway.Config{Tier2Key: key}, tenantsYAML) // payments may be Critical
+	for _, tc := range []struct {
+		objective string
+		want      priority.Band
+	}{{"100", priority.Standard}, {"0", priority.Standard}, {"-1", priority.Sheddable}} {
+		_, band, err := gw.Band(header("x-gateway-inference-fairness-id", "payments", "x-gateway-inference-objective", tc.objective))
+		if err != nil || band != tc.want {
+			t.Errorf("objective %s: band %v, %v; want %v", tc.objective, band, err, tc.want)
+		}
+	}
+	open, _, _ := newGateway(t, gateway.Config{}, tenantsYAML) // no Tier-2 in front: GIE's meaning
+	if _, band, err := open.Band(header("x-gateway-inference-fairness-id", "payments", "x-gateway-inference-objective", "100")); err != nil || band != priority.Critical {
+		t.Errorf("without a Tier2Key, objective 100: band %v, %v; want Critical", band, err)
 	}
 }
