@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -194,9 +193,11 @@ func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, b
 		out.Header[trust.Header] = vals[2:3:3]
 	}
 	out.ContentLength = body.size()
-	timer := time.AfterFunc(r.headerTimeout(c), func() { cancel(errHeaderTimeout) })
+	c.watch.arm(r.headerTimeout(c), cancel)
 	resp, err := r.cfg.Transport.RoundTrip(out)
-	timer.Stop()
+	if err != nil || resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+		c.watch.stop()
+	}
 	if err != nil {
 		cause := context.Cause(actx)
 		done(err)
@@ -267,7 +268,8 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	if rename {
 		from, to = []byte(`"model":"`+c.resolved.Target+`"`), []byte(`"model":"`+c.resolved.Public+`"`)
 	}
-	idle := newIdleTimer(r.cfg.StreamIdleTimeout, func() { cancel(errStreamIdle) })
+	idle := &c.watch
+	idle.streaming(r.cfg.StreamIdleTimeout)
 	defer idle.stop()
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
@@ -639,39 +641,71 @@ func preferOtherRegions(ts []regions.Target, region string) []regions.Target {
 	return out
 }
 
-// idleTimer fires when a stream has made no progress for d. Progress is
-// recorded with touch, a clock read and an atomic store per event; the
-// timer is re-armed only when it fires early (Timer.Reset on every event
-// cost more than the rest of the event's accounting).
-type idleTimer struct {
-	d       time.Duration
-	base    time.Time
-	last    atomic.Int64 // time.Since(base) at the last progress
-	stopped atomic.Bool
-	t       atomic.Pointer[time.Timer]
+// watchdog ends an attempt that waits too long: for its response headers,
+// then (streaming) between the events of its stream. One timer serves
+// both, per call. Progress is recorded with touch, a clock read and an
+// atomic store per network read; the timer is re-armed only when it fires
+// early (Timer.Reset on every event cost more than the rest of the event's
+// accounting).
+type watchdog struct {
+	base   time.Time
+	limit  atomic.Int64 // the silence allowed now, ns
+	last   atomic.Int64 // time.Since(base) at the last progress
+	phase  atomic.Int32 // 0 stopped, phaseHeaders, phaseStream
+	cancel atomic.Pointer[context.CancelCauseFunc]
+	t      *time.Timer // set by the first arm, before the timer can fire
 }
 
-func newIdleTimer(d time.Duration, fire func()) *idleTimer {
-	it := &idleTimer{d: d, base: time.Now()}
-	it.t.Store(time.AfterFunc(d, func() {
-		if it.stopped.Load() {
-			return
-		}
-		if idle := time.Since(it.base) - time.Duration(it.last.Load()); idle < it.d {
-			for it.t.Load() == nil { // AfterFunc has not returned yet
-				runtime.Gosched()
-			}
-			it.t.Load().Reset(it.d - idle)
-			return
-		}
-		fire()
-	}))
-	return it
+const (
+	phaseHeaders = 1 + iota
+	phaseStream
+)
+
+// arm starts watching an attempt's wait for response headers, d at most.
+func (w *watchdog) arm(d time.Duration, cancel context.CancelCauseFunc) {
+	if w.base.IsZero() {
+		w.base = time.Now()
+	}
+	w.cancel.Store(&cancel)
+	w.last.Store(int64(time.Since(w.base)))
+	w.limit.Store(int64(d))
+	w.phase.Store(phaseHeaders)
+	if w.t == nil {
+		w.t = time.AfterFunc(time.Duration(1<<62), w.fire) // armed below, once w.t is set
+	}
+	w.t.Reset(d)
 }
 
-func (it *idleTimer) touch() { it.last.Store(int64(time.Since(it.base))) }
+// streaming switches to watching the stream: d of silence at most.
+func (w *watchdog) streaming(d time.Duration) {
+	w.limit.Store(int64(d))
+	w.touch()
+	w.phase.Store(phaseStream)
+	w.t.Reset(d)
+}
 
-func (it *idleTimer) stop() {
-	it.stopped.Store(true)
-	it.t.Load().Stop()
+func (w *watchdog) touch() { w.last.Store(int64(time.Since(w.base))) }
+
+func (w *watchdog) stop() {
+	w.phase.Store(0)
+	if w.t != nil {
+		w.t.Stop()
+	}
+}
+
+func (w *watchdog) fire() {
+	phase := w.phase.Load()
+	if phase == 0 {
+		return
+	}
+	limit := time.Duration(w.limit.Load())
+	if idle := time.Since(w.base) - time.Duration(w.last.Load()); idle < limit {
+		w.t.Reset(limit - idle)
+		return
+	}
+	cause := errHeaderTimeout
+	if phase == phaseStream {
+		cause = errStreamIdle
+	}
+	(*w.cancel.Load())(cause)
 }

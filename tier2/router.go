@@ -390,7 +390,8 @@ type call struct {
 	// chunk, or usage in every chunk, the caller did not request; relay
 	// removes them.
 	hideUsage, hideContinuous bool
-	chargeLabel               string // tenant label of meridian_tier2_charged_tokens_total
+	chargeLabel               string   // tenant label of meridian_tier2_charged_tokens_total
+	watch                     watchdog // the current attempt's timeouts
 }
 
 func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
