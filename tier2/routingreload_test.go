@@ -34,7 +34,8 @@ import (
 // token expired 5 minutes ago refused, then accepted), digestMaxAge (a
 // silent cluster dropped from the routing decision), the retry budget (a
 // failover refused, then allowed), outlier detection (a failing cluster
-// ejected after 2 failures where 1000 were needed), the canary analysis
+// ejected after 2 failures where 1000 were needed, for the configured
+// baseEjection), the canary analysis
 // period, and a gossip change reported as needing a restart. No request
 // of the flowing traffic fails.
 func TestRoutingSettingsReloadLive(t *testing.T) {
@@ -406,6 +407,16 @@ func (h *reloadHarness) scenario(t *testing.T, write func(string) int64) {
 	h.setDigest(0, &regions.Digest{ReadyPods: 100, TotalPods: 100, FreshPods: 100, Saturation: 0.1})
 	h.setDigest(1, &regions.Digest{ReadyPods: 100, TotalPods: 100, FreshPods: 100, Saturation: 0.1})
 
+	// staleAfter: the home digest (at most 20 ms old, saturation 0.1)
+	// is believed at the default 2s; at 1ms its numbers are not, and a
+	// blind Tier-2 refuses Sheddable (Critical still goes).
+	h.reload(t, write, routingStep{})
+	testkit.Eventually(t, "Sheddable admitted at saturation 0.1", func() bool { return h.status(t, shed) == http.StatusOK })
+	h.reload(t, write, routingStep{routing: "admission: {staleAfter: 1ms}"})
+	testkit.Eventually(t, "Sheddable refused with staleAfter 1ms", func() bool {
+		return h.status(t, shed) == http.StatusTooManyRequests
+	})
+
 	// JWT clock skew: a token that expired 5 minutes ago is refused with
 	// the default 30 s and accepted with 10 minutes.
 	expired := h.token(t, func(c jwt.MapClaims) {
@@ -474,18 +485,26 @@ func (h *reloadHarness) scenario(t *testing.T, write func(string) int64) {
 	}
 
 	// Outlier detection: with consecutiveFailures 2, two failures in a
-	// row eject c1 (each request still succeeds on c2).
-	h.reload(t, write, routingStep{routing: "retryBudget: {ratio: 10, minRetries: 1000, window: 1h}\noutlierDetection: {consecutiveFailures: 2, failureRate: 1, minRequests: 1000000}"})
+	// row eject c1 (each request still succeeds on c2), for baseEjection
+	// (1h, where the default is 2s).
+	h.reload(t, write, routingStep{routing: "retryBudget: {ratio: 10, minRetries: 1000, window: 1h}\noutlierDetection: {consecutiveFailures: 2, failureRate: 1, minRequests: 1000000, baseEjection: 1h, maxEjection: 2h}"})
 	failing(true)
 	for i := range 2 {
 		if code := h.status(t, crit); code != http.StatusOK {
 			t.Fatalf("request %d with c1 failing: %d, want 200 (failed over)", i, code)
 		}
 	}
-	if st := h.clusterStatus("c1"); st.Ejections != 1 {
+	st := h.clusterStatus("c1")
+	if st.Ejections != 1 {
 		t.Fatalf("c1 ejected %d times after 2 failures in a row with consecutiveFailures 2; want 1", st.Ejections)
 	}
+	if left := time.Until(st.EjectedUntil); left < 30*time.Minute {
+		t.Fatalf("c1 ejected until %s (%s from now) with baseEjection 1h", st.EjectedUntil, left)
+	}
 	failing(false)
+	if got := h.candidates(); len(got) != 1 || got[0] != "c2" {
+		t.Fatalf("candidates %v with c1 ejected; want c2 only", got)
+	}
 
 	// The canary analysis period is read every round.
 	if p, _ := in.Canary.timing(in.Router.snap.Load().snap); p != 5*time.Second {
@@ -558,4 +577,38 @@ func (r *recordingHandler) has(level slog.Level, substr string) bool {
 		}
 	}
 	return false
+}
+
+// CanaryConfig's Period and Window (`meridian tier2 --canary-period`)
+// override the configuration's; unset, the configuration's apply, and
+// without one the defaults.
+func TestCanaryTimingOverride(t *testing.T) {
+	snap := func(y string) *config.Snapshot {
+		docs, errs := config.Decode("t.yaml", []byte(y))
+		if err := errs.Err(); err != nil {
+			t.Fatal(err)
+		}
+		s, err := config.Build(docs, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	plain := snap(reloadTopology)
+	withTiming := snap(strings.Replace(reloadTopology, "  regions:", "  routing:\n    canaryAnalysis: {period: 2s, window: 30s}\n  regions:", 1))
+	for _, tc := range []struct {
+		name           string
+		cfg            CanaryConfig
+		snap           *config.Snapshot
+		period, window time.Duration
+	}{
+		{"defaults", CanaryConfig{}, plain, 5 * time.Second, time.Minute},
+		{"configured", CanaryConfig{}, withTiming, 2 * time.Second, 30 * time.Second},
+		{"flag overrides", CanaryConfig{Period: 7 * time.Second}, withTiming, 7 * time.Second, 30 * time.Second},
+	} {
+		c := &Canary{cfg: tc.cfg}
+		if p, w := c.timing(tc.snap); p != tc.period || w != tc.window {
+			t.Errorf("%s: period %s, window %s; want %s, %s", tc.name, p, w, tc.period, tc.window)
+		}
+	}
 }

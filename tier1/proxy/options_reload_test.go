@@ -140,16 +140,18 @@ func newOptionsHarness(t *testing.T) *optionsHarness {
 	return h
 }
 
-// yaml is the configuration with the obs pool's weights and every
-// scheduler's options (YAML flow mappings; "" for none).
+// yaml is the configuration with the obs pool's weights (a YAML flow
+// mapping) and every scheduler's options: maxMetricsAge 1h (the held pods'
+// numbers do not change, so a scrape delayed on a loaded machine must not
+// take a pod out of the decision) and the given fields ("" for none).
 func (h *optionsHarness) yaml(obsWeights, options string) string {
 	if obsWeights == "" {
 		obsWeights = "{queue: 1}"
 	}
-	opts := ""
 	if options != "" {
-		opts = "\n    options: " + options
+		options = ", " + options
 	}
+	opts := "\n    options: {maxMetricsAge: 1h" + options + "}"
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: meridian.dev/v1alpha1
 kind: InferenceGatewayConfig
@@ -371,20 +373,20 @@ func (h *optionsHarness) scenario(t *testing.T, write func(string) int64) {
 	}{
 		// queue + running: a (2 waiting, 1 running) 1.65 against b (8
 		// running) 1.89; with queueHalf 64, a 1.95.
-		{"queueHalf", "{queue: 1, runningRequests: 1}", "{queueHalf: 64}", "b", "a"},
+		{"queueHalf", "{queue: 1, runningRequests: 1}", "queueHalf: 64", "b", "a"},
 		// With runningHalf 8: a 1.56 against b 1.5.
-		{"runningHalf", "{queue: 1, runningRequests: 1}", "{runningHalf: 8}", "b", "a"},
+		{"runningHalf", "{queue: 1, runningRequests: 1}", "runningHalf: 8", "b", "a"},
 		// prefix + queue: a's cached prefix is worth 1 − 2/8 = 0.75 (+0.67
 		// queue) against b's empty queue (1); with queueSaturation 2 it is
 		// worth nothing.
-		{"queueSaturation", "{prefix: 1, queue: 1}", "{queueSaturation: 2}", "a", "b"},
+		{"queueSaturation", "{prefix: 1, queue: 1}", "queueSaturation: 2", "a", "b"},
 		// With kvSaturation below a's KV use, likewise.
-		{"kvSaturation", "{prefix: 1, queue: 1}", fmt.Sprintf("{kvSaturation: %.6f}", kvA/4), "a", "b"},
+		{"kvSaturation", "{prefix: 1, queue: 1}", fmt.Sprintf("kvSaturation: %.6f", kvA/4), "a", "b"},
 		// predictedLatency ×10 + prefix: the prior predicts about 0.21 s
 		// for a (two waiting) and 0.08 s for b, which at the default scale
 		// (0.5 s) outweighs a's prefix; at 1h both predictions score about
 		// 1 and the prefix decides.
-		{"latencyScale", "{predictedLatency: 10, prefix: 1}", "{latencyScale: 1h}", "b", "a"},
+		{"latencyScale", "{predictedLatency: 10, prefix: 1}", "latencyScale: 1h", "b", "a"},
 	}
 	for _, tc := range cases {
 		h.reload(t, write, h.yaml(tc.weights, ""))
@@ -408,7 +410,7 @@ func (h *optionsHarness) scenario(t *testing.T, write func(string) int64) {
 	if n := index.Len(); n < 10 {
 		t.Fatalf("%d prefix index entries after a 10-block prompt with the default lruCapacityPerServer", n)
 	}
-	h.reload(t, write, h.yaml("", "{prefix: {lruCapacityPerServer: 4}}"))
+	h.reload(t, write, h.yaml("", "prefix: {lruCapacityPerServer: 4}"))
 	if code, err := h.post("lru-model", lruPrompt+" and more"); err != nil || code != http.StatusOK {
 		t.Fatalf("lru-model: %d, %v", code, err)
 	}
