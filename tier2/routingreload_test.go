@@ -34,8 +34,9 @@ import (
 // token expired 5 minutes ago refused, then accepted), digestMaxAge (a
 // silent cluster dropped from the routing decision), the retry budget (a
 // failover refused, then allowed), outlier detection (a failing cluster
-// ejected after 2 failures where 1000 were needed, for the configured
-// baseEjection), the canary analysis
+// ejected by failure rate, readmitted at the configured share, ejected
+// after 2 consecutive failures for the configured ejection), the canary
+// analysis
 // period, and a gossip change reported as needing a restart. No request
 // of the flowing traffic fails.
 func TestRoutingSettingsReloadLive(t *testing.T) {
@@ -484,10 +485,34 @@ func (h *reloadHarness) scenario(t *testing.T, write func(string) int64) {
 		t.Fatalf("c1 ejected %d times with consecutiveFailures 1000", st.Ejections)
 	}
 
-	// Outlier detection: with consecutiveFailures 2, two failures in a
-	// row eject c1 (each request still succeeds on c2), for baseEjection
-	// (1h, where the default is 2s).
-	h.reload(t, write, routingStep{routing: "retryBudget: {ratio: 10, minRetries: 1000, window: 1h}\noutlierDetection: {consecutiveFailures: 2, failureRate: 1, minRequests: 1000000, baseEjection: 1h, maxEjection: 2h}"})
+	// Outlier detection. failureRate 0.0001 after minRequests 1 over an
+	// interval of 1h: one failure among the few hundred successes c1 has
+	// served ejects it (where 1000 consecutive failures are needed and
+	// the default rate is 0.5 after 20), for baseEjection 1ms; it comes
+	// back at readmitShare 0.5 of its requests, doubling only every
+	// readmitStep (1h).
+	generous := "retryBudget: {ratio: 10, minRetries: 1000, window: 1h}\n"
+	h.reload(t, write, routingStep{routing: generous + "outlierDetection: {consecutiveFailures: 1000, failureRate: 0.0001, minRequests: 1, interval: 1h, baseEjection: 1ms, readmitShare: 0.5, readmitStep: 1h}"})
+	failing(true)
+	if code := h.status(t, crit); code != http.StatusOK {
+		t.Fatalf("a request with c1 failing: %d, want 200 (failed over)", code)
+	}
+	failing(false)
+	if st := h.clusterStatus("c1"); st.Ejections != 1 {
+		t.Fatalf("c1 ejected %d times after one failure with failureRate 0.0001; want 1", st.Ejections)
+	}
+	testkit.Eventually(t, "c1's 1ms ejection over", func() bool { return !h.clusterStatus("c1").Ejected })
+	if share := h.clusterStatus("c1").ReadmitShare; share < 0.5 || share > 0.51 {
+		t.Fatalf("c1 readmitted at share %v with readmitShare 0.5 doubling every 1h", share)
+	}
+
+	// consecutiveFailures 2: two failures in a row eject c1 (each request
+	// still succeeds on c2), for baseEjection 1h doubled (a second
+	// ejection within ejectionMemory) up to maxEjection 2h, where the
+	// defaults are 2s and 2m. First c1 takes its full share again: the
+	// default readmitStep (1s) doubles the 0.5 within a second.
+	h.reload(t, write, routingStep{routing: generous + "outlierDetection: {consecutiveFailures: 2, failureRate: 1, minRequests: 1000000, baseEjection: 1h, maxEjection: 2h, readmitShare: 0.5}"})
+	testkit.Eventually(t, "c1 back to its full share", func() bool { return h.clusterStatus("c1").ReadmitShare == 1 })
 	failing(true)
 	for i := range 2 {
 		if code := h.status(t, crit); code != http.StatusOK {
@@ -495,11 +520,11 @@ func (h *reloadHarness) scenario(t *testing.T, write func(string) int64) {
 		}
 	}
 	st := h.clusterStatus("c1")
-	if st.Ejections != 1 {
-		t.Fatalf("c1 ejected %d times after 2 failures in a row with consecutiveFailures 2; want 1", st.Ejections)
+	if st.Ejections != 2 {
+		t.Fatalf("c1 ejected %d times in all after 2 failures in a row with consecutiveFailures 2; want 2", st.Ejections)
 	}
-	if left := time.Until(st.EjectedUntil); left < 30*time.Minute {
-		t.Fatalf("c1 ejected until %s (%s from now) with baseEjection 1h", st.EjectedUntil, left)
+	if left := time.Until(st.EjectedUntil); left < 90*time.Minute {
+		t.Fatalf("c1 ejected until %s (%s from now) with baseEjection 1h, doubled, maxEjection 2h", st.EjectedUntil, left)
 	}
 	failing(false)
 	if got := h.candidates(); len(got) != 1 || got[0] != "c2" {
