@@ -307,6 +307,22 @@ func (h *reloadHarness) post(tok string) (int, string, error) {
 	return resp.StatusCode, string(b), err
 }
 
+// postHeader sends one chat completion and returns its status and
+// response headers.
+func (h *reloadHarness) postHeader(t *testing.T, tok string) (int, http.Header) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, h.url+"/v1/chat/completions",
+		strings.NewReader(`{"model": "chat-model", "max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]}`))
+	req.Header.Set("Authorization", tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header
+}
+
 func (h *reloadHarness) status(t *testing.T, tok string) int {
 	t.Helper()
 	code, _, err := h.post(tok)
@@ -417,6 +433,24 @@ func (h *reloadHarness) scenario(t *testing.T, write func(string) int64) {
 	testkit.Eventually(t, "Sheddable refused with staleAfter 1ms", func() bool {
 		return h.status(t, shed) == http.StatusTooManyRequests
 	})
+	// retryAfter: that refusal asks for 1s by default, 7s once set.
+	retryAfter := func() string {
+		t.Helper()
+		var got string
+		testkit.Eventually(t, "a Sheddable refusal", func() bool {
+			code, hdr := h.postHeader(t, shed)
+			got = hdr.Get("Retry-After")
+			return code == http.StatusTooManyRequests
+		})
+		return got
+	}
+	if ra := retryAfter(); ra != "1" {
+		t.Fatalf("Retry-After %q with the default retryAfter; want 1", ra)
+	}
+	h.reload(t, write, routingStep{routing: "admission: {staleAfter: 1ms, retryAfter: 7s}"})
+	if ra := retryAfter(); ra != "7" {
+		t.Fatalf("Retry-After %q with retryAfter 7s; want 7", ra)
+	}
 
 	// JWT clock skew: a token that expired 5 minutes ago is refused with
 	// the default 30 s and accepted with 10 minutes.
