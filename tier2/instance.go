@@ -107,6 +107,12 @@ func gossipConfig(g *config.Gossip, profile string) gossip.Config {
 		StreamTimeout: t.StreamTimeout.D()}
 }
 
+// describeGossip lists timings for a log line (0s: the profile's).
+func describeGossip(g config.Gossip) string {
+	return fmt.Sprintf("profile=%s gossipInterval=%s gossipNodes=%d pushPullInterval=%s probeInterval=%s probeTimeout=%s streamTimeout=%s",
+		g.Profile, g.GossipInterval.D(), g.GossipNodes, g.PushPullInterval.D(), g.ProbeInterval.D(), g.ProbeTimeout.D(), g.StreamTimeout.D())
+}
+
 // gossipTimings is spec.gossip as it applies: defaults and the override
 // filled in.
 func gossipTimings(g *config.Gossip, profile string) config.Gossip {
@@ -165,7 +171,7 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 		}
 		in.Node = node
 		in.gossip = gossipTimings(snap.Topology.Spec.Gossip, cfg.GossipProfile)
-		cfg.Logger.Info("tier2: gossip timings (read at start; a change needs a restart)", "profile", gc.Profile,
+		cfg.Logger.Info("tier2: gossip timings (read at start; a change needs a restart; 0: the profile's)", "profile", gc.Profile,
 			"gossipInterval", gc.GossipInterval, "gossipNodes", gc.GossipNodes, "pushPullInterval", gc.PushPullInterval,
 			"probeInterval", gc.ProbeInterval, "probeTimeout", gc.ProbeTimeout, "streamTimeout", gc.StreamTimeout)
 		rlcfg.MaxPayload = node.MaxPayload("rl/" + cfg.Name + "/000")
@@ -447,7 +453,7 @@ func (in *Instance) apply(ctx context.Context, s *config.Snapshot) {
 	if in.Node != nil {
 		if want := gossipTimings(s.Topology.Spec.Gossip, in.cfg.GossipProfile); want != in.gossip {
 			in.log.Warn("tier2: spec.gossip changed; memberlist timings are read at start, so this instance keeps its own until restarted",
-				"revision", s.Revision, "running", fmt.Sprintf("%+v", in.gossip), "configured", fmt.Sprintf("%+v", want))
+				"revision", s.Revision, "running", describeGossip(in.gossip), "configured", describeGossip(want))
 		}
 	}
 	in.log.Info("tier2: configuration applied", "revision", s.Revision)
