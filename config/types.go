@@ -555,6 +555,38 @@ type TopologySpec struct {
 	Regions []Region `json:"regions"`
 	// Routing tunes Tier-2's cluster choice; unset fields keep defaults.
 	Routing *Routing `json:"routing,omitempty"`
+	// Gossip sets the Tier-2 gossip (memberlist) timings; unset fields
+	// keep the profile's. Read when a Tier-2 starts: memberlist cannot
+	// change its timers live, so a reload that changes them is reported
+	// and applies at the next restart.
+	Gossip *Gossip `json:"gossip,omitempty"`
+}
+
+// Gossip is the timing of Tier-2's memberlist cluster (tier2/gossip).
+// Every Tier-2 of one cluster should run the same settings: memberlist
+// has one set of timers for the whole membership.
+type Gossip struct {
+	// Profile is memberlist's preset: lan, wan or local. Default wan
+	// (instances span Regions; what `meridian tier2` always ran).
+	Profile string `json:"profile,omitempty"`
+	// GossipInterval is how often queued broadcasts go to GossipNodes
+	// random members. Default the profile's (100ms local, 200ms lan,
+	// 500ms wan).
+	GossipInterval Duration `json:"gossipInterval,omitempty"`
+	// GossipNodes is how many members each gossip round goes to. Default
+	// the profile's (3; 4 for wan).
+	GossipNodes int `json:"gossipNodes,omitempty"`
+	// PushPullInterval is how often full state is exchanged with one
+	// member. Default the profile's (15s local, 30s lan, 60s wan).
+	PushPullInterval Duration `json:"pushPullInterval,omitempty"`
+	// ProbeInterval and ProbeTimeout drive failure detection and the
+	// measured round trips. Defaults the profile's (1s/200ms local,
+	// 1s/500ms lan, 5s/3s wan).
+	ProbeInterval Duration `json:"probeInterval,omitempty"`
+	ProbeTimeout  Duration `json:"probeTimeout,omitempty"`
+	// StreamTimeout bounds one TCP exchange (join, push/pull). Default the
+	// profile's (1s local, 10s lan, 30s wan).
+	StreamTimeout Duration `json:"streamTimeout,omitempty"`
 }
 
 // Routing is Tier-2's cluster-choice policy (docs/regions.md). Weights use
@@ -582,6 +614,21 @@ type Routing struct {
 	// Admission tunes Tier-2's global admission by band (one Gate per
 	// model, fed from the digests); unset fields keep priority's defaults.
 	Admission *Admission `json:"admission,omitempty"`
+	// CanaryAnalysis times Tier-2's canary analysis; unset fields keep
+	// the defaults.
+	CanaryAnalysis *CanaryAnalysis `json:"canaryAnalysis,omitempty"`
+}
+
+// CanaryAnalysis times Tier-2's analysis of stepped canaries
+// (tier2/canary.go).
+type CanaryAnalysis struct {
+	// Period is the longest time between two analyses (a rollout with a
+	// short step interval is analysed every quarter of it). Default 5s:
+	// with the 1m default window, twelve verdicts per window, and a
+	// failing canary is aborted within seconds.
+	Period Duration `json:"period,omitempty"`
+	// Window bounds how far back measurements count. Default 1m.
+	Window Duration `json:"window,omitempty"`
 }
 
 // RetryBudget lets retries add at most Ratio of the requests seen over

@@ -430,6 +430,28 @@ func (b *builder) topology() {
 		b.errf(key, "spec.regions", "at least one Region is required")
 	}
 	regions, clusters := map[string]bool{}, map[string]bool{}
+	if g := t.Spec.Gossip; g != nil {
+		switch g.Profile {
+		case "", "lan", "wan", "local":
+		default:
+			b.errf(key, "spec.gossip.profile", "want lan, wan or local, got %q", g.Profile)
+		}
+		for _, d := range []struct {
+			name string
+			v    Duration
+		}{{"gossipInterval", g.GossipInterval}, {"pushPullInterval", g.PushPullInterval}, {"probeInterval", g.ProbeInterval},
+			{"probeTimeout", g.ProbeTimeout}, {"streamTimeout", g.StreamTimeout}} {
+			if d.v < 0 || d.v.D() > time.Hour {
+				b.errf(key, "spec.gossip."+d.name, "must be a duration between 0 and 1h, got %s", d.v.D())
+			}
+		}
+		if g.GossipNodes < 0 || g.GossipNodes > 1000 {
+			b.errf(key, "spec.gossip.gossipNodes", "must be 0..1000, got %d", g.GossipNodes)
+		}
+		if g.ProbeTimeout != 0 && g.ProbeInterval != 0 && g.ProbeTimeout > g.ProbeInterval {
+			b.errf(key, "spec.gossip.probeTimeout", "must not exceed probeInterval (%s), got %s", g.ProbeInterval.D(), g.ProbeTimeout.D())
+		}
+	}
 	defer func() {
 		r := t.Spec.Routing
 		if r == nil {
@@ -482,6 +504,16 @@ func (b *builder) topology() {
 			}
 			if o.MaxEjection != 0 && o.BaseEjection != 0 && o.MaxEjection < o.BaseEjection {
 				b.errf(key, p+"maxEjection", "must be at least baseEjection (%s), got %s", o.BaseEjection.D(), o.MaxEjection.D())
+			}
+		}
+		if ca := r.CanaryAnalysis; ca != nil {
+			if ca.Period < 0 || ca.Period.D() > time.Hour {
+				b.errf(key, "spec.routing.canaryAnalysis.period", "must be a duration between 0 and 1h, got %s", ca.Period.D())
+			} else if ca.Period != 0 && ca.Period.D() < 100*time.Millisecond {
+				b.errf(key, "spec.routing.canaryAnalysis.period", "must be at least 100ms, got %s", ca.Period.D())
+			}
+			if ca.Window < 0 || ca.Window.D() > 24*time.Hour {
+				b.errf(key, "spec.routing.canaryAnalysis.window", "must be a duration between 0 and 24h, got %s", ca.Window.D())
 			}
 		}
 		if r.LoadFactor != 0 && r.LoadFactor <= 1 {

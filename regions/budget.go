@@ -63,18 +63,19 @@ func (b *RetryBudget) totals(epoch int64) (reqs, retries int64) {
 
 // Request counts one incoming request (its first attempt).
 func (b *RetryBudget) Request() {
-	epoch := b.now().UnixNano() / b.width
+	now := b.now().UnixNano()
 	b.mu.Lock()
-	b.bucket(epoch).reqs++
+	b.bucket(now / b.width).reqs++ // width changes with the window on reload: read under mu
 	b.mu.Unlock()
 }
 
 // Retry reports whether one more attempt fits the budget, and counts it if
 // so: retries over the window stay within Ratio × requests + MinRetries.
 func (b *RetryBudget) Retry() bool {
-	epoch := b.now().UnixNano() / b.width
+	now := b.now().UnixNano()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	epoch := now / b.width
 	reqs, retries := b.totals(epoch)
 	allowed := b.cfg.Ratio*float64(reqs) + float64(max(0, b.cfg.MinRetries))
 	if float64(retries+1) > allowed {

@@ -33,15 +33,19 @@ type RolloutStore interface {
 
 // CanaryConfig configures Tier-2's canary analysis.
 type CanaryConfig struct {
-	// Period is the longest time between two analyses. Zero means 5s. A
+	// Period is the longest time between two analyses. Zero means the
+	// configuration's (Topology spec.routing.canaryAnalysis.period, read
+	// every round, so a reload applies at the next one), else 5s; set, it
+	// overrides the configuration (`meridian tier2 --canary-period`). A
 	// rollout whose step interval is short is analysed every quarter of
 	// its interval instead (but not more often than every 250ms), so a
 	// failing canary is aborted well within one interval.
 	Period time.Duration
-	// Window bounds how far back measurements count. Zero means 1m. They
-	// never reach back before this instance saw the rollout's current
-	// state (step, status or weights), so each step is judged on its own
-	// traffic.
+	// Window bounds how far back measurements count. Zero means the
+	// configuration's (spec.routing.canaryAnalysis.window), else 1m; set,
+	// it overrides it. They never reach back before this instance saw the
+	// rollout's current state (step, status or weights), so each step is
+	// judged on its own traffic.
 	Window time.Duration
 	// Store writes transitions (revision-checked). Nil means report only:
 	// with a directory configuration source Tier-2 cannot write, so it
@@ -118,12 +122,6 @@ type counts struct {
 
 // NewCanary builds the analysis over r's configuration and measurements.
 func NewCanary(cfg CanaryConfig, r *Router) (*Canary, error) {
-	if cfg.Period <= 0 {
-		cfg.Period = 5 * time.Second
-	}
-	if cfg.Window <= 0 {
-		cfg.Window = time.Minute
-	}
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = 5 * time.Second
 	}
@@ -182,7 +180,7 @@ func (c *Canary) Run(ctx context.Context) {
 func (c *Canary) round(ctx context.Context) time.Duration {
 	now := c.cfg.Now()
 	st := c.r.snap.Load()
-	next := c.cfg.Period
+	next, window := c.timing(st.snap)
 	local := c.collect()
 	type work struct {
 		name string
@@ -222,7 +220,7 @@ func (c *Canary) round(ctx context.Context) time.Duration {
 		}
 		cs, ss := local[sideKey{public, ro.Canary}], local[sideKey{public, ro.Stable}]
 		tr.samples = append(tr.samples, sample{at: now, canary: cs, stable: ss})
-		base := tr.baseline(now, c.cfg.Window)
+		base := tr.baseline(now, window)
 		var clusters [2][]string
 		if rule >= 0 {
 			for _, t := range mr.Spec.Rules[rule].Targets {
@@ -250,7 +248,7 @@ func (c *Canary) round(ctx context.Context) time.Duration {
 			c.log.Error("canary: analysis failed", "rewrite", name, "error", err)
 			continue
 		}
-		if a := dec.Action; a != rewrite.Hold && a != rewrite.Abort && ro.Interval > 0 && now.Sub(tr.since) < min(ro.Interval.D(), c.cfg.Window)/2 {
+		if a := dec.Action; a != rewrite.Hold && a != rewrite.Abort && ro.Interval > 0 && now.Sub(tr.since) < min(ro.Interval.D(), window)/2 {
 			// This instance has not watched the step long enough (it just
 			// started, or saw the change late) to pass or pause it; another
 			// instance that has, or this one later, will.
@@ -268,6 +266,29 @@ func (c *Canary) round(ctx context.Context) time.Duration {
 		c.write(ctx, w.name, w.ro, w.dec)
 	}
 	return next
+}
+
+// timing is the analysis period and window in force for snap: the
+// configuration's spec.routing.canaryAnalysis, overridden by CanaryConfig,
+// defaults 5s and 1m.
+func (c *Canary) timing(snap *config.Snapshot) (period, window time.Duration) {
+	period, window = 5*time.Second, time.Minute
+	if t := snap.Topology; t != nil && t.Spec.Routing != nil && t.Spec.Routing.CanaryAnalysis != nil {
+		ca := t.Spec.Routing.CanaryAnalysis
+		if ca.Period > 0 {
+			period = ca.Period.D()
+		}
+		if ca.Window > 0 {
+			window = ca.Window.D()
+		}
+	}
+	if c.cfg.Period > 0 {
+		period = c.cfg.Period
+	}
+	if c.cfg.Window > 0 {
+		window = c.cfg.Window
+	}
+	return period, window
 }
 
 // write records a decision, or logs it when there is no store.

@@ -33,8 +33,10 @@ type InstanceConfig struct {
 	// (gossip member name, rate-limit instance).
 	Region, Name string
 	// Gossip: the memberlist bind address (host:port; empty: no gossip,
-	// a single instance), addresses to join, and the timing profile
-	// ("lan", "wan", "local").
+	// a single instance) and addresses to join. The timings come from the
+	// Topology's spec.gossip, read once here (memberlist cannot change
+	// them live); GossipProfile, when set, overrides its profile
+	// ("lan", "wan", "local"; neither set: "wan").
 	GossipBind    string
 	GossipJoin    []string
 	GossipProfile string
@@ -90,6 +92,41 @@ type Instance struct {
 	subs map[string]context.CancelFunc // cluster → health subscription
 
 	ejections map[string]uint64 // last seen ejection count per cluster (housekeeping only)
+
+	// gossip is the spec.gossip this instance's Node runs (with the
+	// GossipProfile override); apply reports a configuration that differs.
+	gossip config.Gossip
+}
+
+// gossipConfig is the memberlist timing of spec.gossip g (nil: none set),
+// with profile, when not empty, overriding g's; neither: wan.
+func gossipConfig(g *config.Gossip, profile string) gossip.Config {
+	t := gossipTimings(g, profile)
+	return gossip.Config{Profile: t.Profile, GossipInterval: t.GossipInterval.D(), GossipNodes: t.GossipNodes,
+		PushPullInterval: t.PushPullInterval.D(), ProbeInterval: t.ProbeInterval.D(), ProbeTimeout: t.ProbeTimeout.D(),
+		StreamTimeout: t.StreamTimeout.D()}
+}
+
+// describeGossip lists timings for a log line (0s: the profile's).
+func describeGossip(g config.Gossip) string {
+	return fmt.Sprintf("profile=%s gossipInterval=%s gossipNodes=%d pushPullInterval=%s probeInterval=%s probeTimeout=%s streamTimeout=%s",
+		g.Profile, g.GossipInterval.D(), g.GossipNodes, g.PushPullInterval.D(), g.ProbeInterval.D(), g.ProbeTimeout.D(), g.StreamTimeout.D())
+}
+
+// gossipTimings is spec.gossip as it applies: defaults and the override
+// filled in.
+func gossipTimings(g *config.Gossip, profile string) config.Gossip {
+	var t config.Gossip
+	if g != nil {
+		t = *g
+	}
+	if profile != "" {
+		t.Profile = profile
+	}
+	if t.Profile == "" {
+		t.Profile = gossip.ProfileWAN
+	}
+	return t
 }
 
 // Usable reports whether Tier-2 can run a valid configuration; a source
@@ -125,15 +162,18 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 			return nil, fmt.Errorf("tier2: --gossip-bind: %w", err)
 		}
 		p, _ := strconv.Atoi(port)
-		node, err := gossip.New(gossip.Config{
-			Name: cfg.Name, Region: cfg.Region, BindAddr: host, BindPort: p,
-			Join: cfg.GossipJoin, Profile: cfg.GossipProfile, Logger: cfg.Logger,
-			Transport: cfg.GossipTransport,
-		})
+		gc := gossipConfig(snap.Topology.Spec.Gossip, cfg.GossipProfile)
+		gc.Name, gc.Region, gc.BindAddr, gc.BindPort = cfg.Name, cfg.Region, host, p
+		gc.Join, gc.Logger, gc.Transport = cfg.GossipJoin, cfg.Logger, cfg.GossipTransport
+		node, err := gossip.New(gc)
 		if err != nil {
 			return nil, err
 		}
 		in.Node = node
+		in.gossip = gossipTimings(snap.Topology.Spec.Gossip, cfg.GossipProfile)
+		cfg.Logger.Info("tier2: gossip timings (read at start; a change needs a restart; 0: the profile's)", "profile", gc.Profile,
+			"gossipInterval", gc.GossipInterval, "gossipNodes", gc.GossipNodes, "pushPullInterval", gc.PushPullInterval,
+			"probeInterval", gc.ProbeInterval, "probeTimeout", gc.ProbeTimeout, "streamTimeout", gc.StreamTimeout)
 		rlcfg.MaxPayload = node.MaxPayload("rl/" + cfg.Name + "/000")
 	}
 	if in.Limiter, err = ratelimit.New(rlcfg); err != nil {
@@ -410,6 +450,12 @@ func (in *Instance) apply(ctx context.Context, s *config.Snapshot) {
 		in.log.Info("tier2: authentication settings replaced", "revision", s.Revision)
 	}
 	in.subscribe(ctx, s)
+	if in.Node != nil {
+		if want := gossipTimings(s.Topology.Spec.Gossip, in.cfg.GossipProfile); want != in.gossip {
+			in.log.Warn("tier2: spec.gossip changed; memberlist timings are read at start, so this instance keeps its own until restarted",
+				"revision", s.Revision, "running", describeGossip(in.gossip), "configured", describeGossip(want))
+		}
+	}
 	in.log.Info("tier2: configuration applied", "revision", s.Revision)
 }
 

@@ -61,7 +61,7 @@ func newTier2Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&f.metrics, "metrics", ":9090", "address of the Prometheus /metrics endpoint (empty: off)")
 	cmd.Flags().StringVar(&f.gossipBind, "gossip-bind", "", "memberlist bind address host:port (empty: no gossip)")
 	cmd.Flags().StringSliceVar(&f.join, "join", nil, "gossip addresses of other Tier-2 instances (any Region)")
-	cmd.Flags().StringVar(&f.gossipProfile, "gossip-profile", "wan", "memberlist timing: lan, wan (instances span Regions) or local")
+	cmd.Flags().StringVar(&f.gossipProfile, "gossip-profile", "", "override the Topology's spec.gossip.profile (memberlist timing: lan, wan or local; default wan); read at start")
 	cmd.Flags().BoolVar(&f.insecureNoAuth, "insecure-no-auth", false, "admit callers without a token, as tenant \"anonymous\" (development only)")
 	cmd.Flags().BoolVar(&f.subscribeAll, "subscribe-all", false, "subscribe to every cluster's health feed, not only this Region's (a lone Tier-2 without gossip)")
 	cmd.Flags().BoolVar(&f.cloudwatch, "cloudwatch", false, "publish per-Region aggregates (requests, P99 TTFT per model, 429 rate, failovers) to CloudWatch with PutMetricData (standard AWS credential chain)")
@@ -76,7 +76,7 @@ func newTier2Cmd() *cobra.Command {
 	cmd.Flags().DurationVar(&f.front.UpstreamResponseTimeout, "upstream-response-timeout", 10*time.Minute, "the same for a non-streaming request, whose headers come with the whole completion")
 	cmd.Flags().DurationVar(&f.front.StreamIdleTimeout, "stream-idle-timeout", 60*time.Second, "end a stream with an error event when its Tier-1 sends nothing for this long")
 	cmd.Flags().IntVar(&f.front.MaxHeaders, "max-headers", 100, "most request header values accepted (431 beyond; header bytes are limited to 64 KiB)")
-	cmd.Flags().DurationVar(&f.canaryPeriod, "canary-period", 5*time.Second, "longest time between two canary analyses (shorter for rollouts with short steps)")
+	cmd.Flags().DurationVar(&f.canaryPeriod, "canary-period", 0, "override the Topology's spec.routing.canaryAnalysis.period: longest time between two canary analyses (default 5s)")
 	return cmd
 }
 
@@ -89,6 +89,14 @@ type tier2Instance struct {
 func startTier2(ctx context.Context, f tier2Flags, keys *tier2.KeySet, transport http.RoundTripper, log *slog.Logger, gt memberlist.Transport) (*tier2Instance, error) {
 	if f.region == "" {
 		return nil, &exitError{2, fmt.Errorf("--region is required")}
+	}
+	switch f.gossipProfile {
+	case "", "lan", "wan", "local":
+	default:
+		return nil, &exitError{2, fmt.Errorf("--gossip-profile %q: want lan, wan or local", f.gossipProfile)}
+	}
+	if f.canaryPeriod < 0 {
+		return nil, &exitError{2, fmt.Errorf("--canary-period %s: must not be negative", f.canaryPeriod)}
 	}
 	reg := newRegistry()
 	root, err := f.src.fileRoot()
