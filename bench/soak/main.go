@@ -41,6 +41,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/meridian-router/meridian/internal/loop"
 )
 
 var (
@@ -507,19 +509,12 @@ func putFaults(ctx context.Context, c *http.Client, pod string, faults map[strin
 // sample records the process's resources every -sample.
 func sample(ctx context.Context, p *platform, rec *recorder) {
 	c := &http.Client{Timeout: 5 * time.Second}
-	t := time.NewTicker(*sampleEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	loop.Every(ctx, *sampleEvery, func() {
 		s := resources(p.cmd.Process.Pid)
 		s.At = time.Since(rec.start)
 		s.Goroutines = goroutines(ctx, c, p.metrics)
 		rec.addSample(s)
-	}
+	})
 }
 
 type snapshot struct {
