@@ -51,13 +51,7 @@ spec:
   schedulers:
   - {name: v2, modelName: chat-v2, modelSelector: {matchLabels: {pool: v2}}}
 ---
-apiVersion: inference.networking.x-k8s.io/v1alpha2
-kind: InferenceModelRewrite
-metadata: {name: chat}
-spec:
-  rules:
-  - matches: [{model: {value: chat}}]
-    targets:
+` + testkit.ChatRewrite + `    targets:
     - {modelRewrite: chat-v1, weight: 1}
     - {modelRewrite: chat-v2, weight: 1, clusters: [c2]}
   rollout:

@@ -84,13 +84,7 @@ spec:
 `, c.name, c.region, c.model, c.pool, c.pod, port[c.pod])
 	}
 	b.WriteString(`---
-apiVersion: inference.networking.x-k8s.io/v1alpha2
-kind: InferenceModelRewrite
-metadata: {name: chat}
-spec:
-  rules:
-  - matches: [{model: {value: chat}}]
-    targets:
+` + testkit.ChatRewrite + `    targets:
     - {modelRewrite: chat-v1, weight: 100}
   stickiness: {key: header, header: x-session-id, salt: chat-rollout}
 `)
@@ -663,13 +657,7 @@ spec:
   - {name: b, modelName: chat-v2, modelSelector: {matchLabels: {pool: b}}}
   bbr: {enabled: true}
 ---
-apiVersion: inference.networking.x-k8s.io/v1alpha2
-kind: InferenceModelRewrite
-metadata: {name: chat}
-spec:
-  rules:
-  - matches: [{model: {value: chat}}]
-    targets: [{modelRewrite: chat-v1, weight: 1}]
+` + testkit.ChatRewrite + `    targets: [{modelRewrite: chat-v1, weight: 1}]
 `
 	if err := os.WriteFile(filepath.Join(dir, "c.yaml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

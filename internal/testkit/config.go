@@ -53,3 +53,14 @@ spec:
     modelName: chat-model
     modelSelector: {matchLabels: {pool: chat}}
 `
+
+// ChatRewrite is the head of the InferenceModelRewrite "chat": one rule
+// for the public name chat, up to (not including) its targets, which
+// follow at four spaces ("    targets: …").
+const ChatRewrite = `apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceModelRewrite
+metadata: {name: chat}
+spec:
+  rules:
+  - matches: [{model: {value: chat}}]
+`
