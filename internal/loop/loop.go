@@ -1,6 +1,7 @@
-// Package loop holds the two loops long-running goroutines share: doing
-// something on every tick of an interval (Every) and on every value from a
-// channel (Each), both until the context ends.
+// Package loop holds what long-running goroutines share: doing something
+// on every tick of an interval (Every) or on every value from a channel
+// (Each) until the context ends, and waiting that the context may cut
+// short (Sleep).
 package loop
 
 import (
@@ -37,5 +38,17 @@ func Each[T any](ctx context.Context, ch <-chan T, f func(T)) {
 			}
 			f(v)
 		}
+	}
+}
+
+// Sleep waits d or until ctx is done, and reports whether it waited d.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }

@@ -35,6 +35,17 @@ func TestEveryReturnsAtOnceWhenDone(t *testing.T) {
 	Every(ctx, time.Hour, func() { t.Error("f ran after the context was done") })
 }
 
+func TestSleep(t *testing.T) {
+	if !Sleep(context.Background(), time.Millisecond) {
+		t.Fatal("Sleep without cancellation reported it was cut short")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if Sleep(ctx, time.Hour) {
+		t.Fatal("Sleep on a done context reported it waited")
+	}
+}
+
 func TestEachStopsWhenTheChannelCloses(t *testing.T) {
 	ch := make(chan int, 3)
 	ch <- 1

@@ -26,11 +26,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	expbackoff "github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
+	"github.com/meridian-router/meridian/internal/loop"
 	"github.com/meridian-router/meridian/tier1"
 )
 
@@ -242,25 +243,20 @@ func (x *Exchange) runPeer(ctx context.Context, p *peer) {
 	}
 	defer conn.Close()
 	client := tier1v1.NewReplicasClient(conn)
-	backoff := x.cfg.MinBackoff
+	// Jittered ([d/2, 3d/2]) exponential backoff.
+	retry := &expbackoff.ExponentialBackOff{InitialInterval: x.cfg.MinBackoff, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: x.cfg.MaxBackoff}
 	for ctx.Err() == nil {
 		opened, err := x.stream(ctx, client, p)
 		if ctx.Err() != nil {
 			return
 		}
 		if opened {
-			backoff = x.cfg.MinBackoff // the peer was up: start over
+			retry.Reset() // the peer was up: start over
 		}
 		x.log.Debug("tier1: peer stream ended; reconnecting", "peer", p.addr, "error", err)
-		wait := backoff/2 + rand.N(backoff)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !loop.Sleep(ctx, retry.NextBackOff()) {
 			return
-		case <-t.C:
 		}
-		backoff = min(2*backoff, x.cfg.MaxBackoff)
 	}
 }
 
