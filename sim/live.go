@@ -99,10 +99,22 @@ func StartPods(ctx context.Context, spec PodSpec, k int) ([]*LivePod, error) {
 	if prefix == "" {
 		prefix = spec.Pod.Profile.Name
 	}
+	cfgs := make([]PodConfig, k)
+	for i := range cfgs {
+		cfgs[i] = spec.Pod
+		cfgs[i].Name = prefix + "-" + strconv.Itoa(i)
+	}
+	return startAll(ctx, spec, cfgs)
+}
+
+// startAll starts one live pod per configuration, the i-th with seed
+// spec.Pod.Seed+i on port spec.BasePort+i (ephemeral when BasePort is 0),
+// all or nothing.
+func startAll(ctx context.Context, spec PodSpec, cfgs []PodConfig) ([]*LivePod, error) {
 	var pods []*LivePod
-	for i := 0; i < k; i++ {
+	for i, c := range cfgs {
 		s := spec
-		s.Pod.Name = prefix + "-" + strconv.Itoa(i)
+		s.Pod = c
 		s.Pod.Seed = spec.Pod.Seed + uint64(i)
 		port := 0
 		if spec.BasePort != 0 {
@@ -435,25 +447,7 @@ func StartFleet(ctx context.Context, f *Fleet, spec PodSpec) ([]*LivePod, error)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	var pods []*LivePod
-	for i, c := range cfgs {
-		s := spec
-		s.Pod = c
-		s.Pod.Seed = spec.Pod.Seed + uint64(i)
-		port := 0
-		if spec.BasePort != 0 {
-			port = spec.BasePort + i
-		}
-		lp, err := StartPod(ctx, s, port)
-		if err != nil {
-			for _, p := range pods {
-				p.Close()
-			}
-			return nil, err
-		}
-		pods = append(pods, lp)
-	}
-	return pods, nil
+	return startAll(ctx, spec, cfgs)
 }
 
 // StaticEndpoints describes live pods as a Meridian StaticEndpoints
