@@ -22,6 +22,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -627,7 +628,7 @@ func (r *recorder) report(p *platform) *Report {
 		}
 		// The interval a request arrived in.
 		i, _ := slices.BinarySearchFunc(samples, res.at, func(s snapshot, at time.Duration) int {
-			return compareDur(s.At, at)
+			return cmp.Compare(s.At, at)
 		})
 		if i < len(samples) {
 			samples[i].Requests++
@@ -653,16 +654,6 @@ func (r *recorder) report(p *platform) *Report {
 	rep.GoroGrowth = growth(post, func(s snapshot) float64 { return float64(s.Goroutines) })
 	rep.FDGrowth = growth(post, func(s snapshot) float64 { return float64(s.FDs) })
 	return rep
-}
-
-func compareDur(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func quantile(sorted []time.Duration, q float64) time.Duration {
