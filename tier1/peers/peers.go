@@ -183,7 +183,12 @@ func New(cfg Config) (*Exchange, error) {
 // signature of gateway.Config.OnDispatch and takes ownership of
 // ev.Hashes, which it only reads.
 func (x *Exchange) Publish(pool string, ev tier1.PrefixEvent) {
-	it := item{pool: pool, ev: ev}
+	x.enqueue(item{pool: pool, ev: ev})
+}
+
+// enqueue queues it for every peer whose queue has room, and counts it
+// dropped for the others.
+func (x *Exchange) enqueue(it item) {
 	for _, p := range x.peers {
 		select {
 		case p.queue <- it:
@@ -199,15 +204,7 @@ func (x *Exchange) Publish(pool string, ev tier1.PrefixEvent) {
 // gateway.Config.OnInFlight. Counts are absolute, so a dropped one is
 // corrected by the next.
 func (x *Exchange) PublishInFlight(pool, endpoint string, count int64) {
-	it := item{pool: pool, ev: tier1.PrefixEvent{Endpoint: endpoint}, inFlight: true, count: count}
-	for _, p := range x.peers {
-		select {
-		case p.queue <- it:
-		default:
-			p.dropped.Add(1)
-			x.metrics.events.WithLabelValues(p.addr, "dropped").Inc()
-		}
-	}
+	x.enqueue(item{pool: pool, ev: tier1.PrefixEvent{Endpoint: endpoint}, inFlight: true, count: count})
 }
 
 // Register adds the Replicas service to g.
