@@ -132,12 +132,7 @@ metadata: {name: c-%[1]s}
 spec:
   region: %[1]s
   cluster: c-%[1]s
-  auth:
-    jwt:
-      issuer: https://auth.example.com/
-      audiences: [meridian]
-      jwksURL: https://auth.example.com/jwks.json
-      requiredClaims: {present: [sub, tenant]}
+`+testkit.JWTAuth+`      requiredClaims: {present: [sub, tenant]}
   schedulers:
   - name: m
     modelName: m

@@ -64,12 +64,7 @@ metadata: {name: %[1]s}
 spec:
   region: %[2]s
   cluster: %[1]s
-  auth:
-    jwt:
-      issuer: https://auth.example.com/
-      audiences: [meridian]
-      jwksURL: https://auth.example.com/jwks.json
-  schedulers:
+`+testkit.JWTAuth+`  schedulers:
   # One pod per pool: a small Critical reserve keeps the test's load on
   # the pod instead of queued in the Gate (the default reserve is 0.65).
   - {name: %[4]s, modelName: %[3]s, modelSelector: {matchLabels: {pool: %[4]s}}, admission: {criticalReserve: 0.1}}

@@ -78,12 +78,7 @@ spec:
   region: %s
   cluster: %s
   bbr: {enabled: true}
-  auth:
-    jwt:
-      issuer: https://auth.example.com/
-      audiences: [meridian]
-      jwksURL: https://auth.example.com/jwks.json
-      requiredClaims: {present: [sub, tenant]}
+`+testkit.JWTAuth+`      requiredClaims: {present: [sub, tenant]}
   schedulers:
   - name: fast
     modelName: fast

@@ -64,3 +64,13 @@ spec:
   rules:
   - matches: [{model: {value: chat}}]
 `
+
+// JWTAuth is a gateway's spec.auth (at two spaces, as under spec:) that
+// accepts the JWTs of issuer https://auth.example.com/ for audience
+// meridian; the next line of the gateway's spec follows it.
+const JWTAuth = `  auth:
+    jwt:
+      issuer: https://auth.example.com/
+      audiences: [meridian]
+      jwksURL: https://auth.example.com/jwks.json
+`
