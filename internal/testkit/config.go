@@ -12,7 +12,15 @@ import (
 // configuration at revision rev, failing tb on any decoding or build error.
 func Snapshot(tb testing.TB, rev int64, yaml string) *config.Snapshot {
 	tb.Helper()
-	docs, errs := config.Decode("test.yaml", []byte(yaml))
+	return SnapshotFile(tb, "test.yaml", rev, yaml)
+}
+
+// SnapshotFile is Snapshot of documents read as if from the file at path:
+// errors name it, and files they refer to by a relative name (jwksFile)
+// are beside it.
+func SnapshotFile(tb testing.TB, path string, rev int64, yaml string) *config.Snapshot {
+	tb.Helper()
+	docs, errs := config.Decode(path, []byte(yaml))
 	if len(errs) > 0 {
 		tb.Fatal(errs)
 	}
