@@ -421,6 +421,21 @@ func (lp *LivePod) cancel(lr *liveRequest) {
 	lp.mu.Unlock()
 }
 
+// await is wait for a handler: when the client went away it cancels the
+// request and reports false; when the pod stopped it cancels the request
+// and aborts the handler (the connection drops, as a crashed server's
+// would).
+func (lp *LivePod) await(r *http.Request, lr *liveRequest) bool {
+	if err := lp.wait(r.Context(), lr); err != nil {
+		lp.cancel(lr)
+		if errors.Is(err, errPodStopped) {
+			panic(http.ErrAbortHandler)
+		}
+		return false
+	}
+	return true
+}
+
 // wait blocks until the request makes progress; it returns errClientGone
 // or errPodStopped if that happens first.
 func (lp *LivePod) wait(ctx context.Context, lr *liveRequest) error {

@@ -278,11 +278,7 @@ func (lp *LivePod) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	for {
-		if err := lp.wait(r.Context(), lr); err != nil {
-			lp.cancel(lr)
-			if errors.Is(err, errPodStopped) {
-				panic(http.ErrAbortHandler)
-			}
+		if !lp.await(r, lr) {
 			return
 		}
 		if _, done, out := lp.progress(lr); done {
@@ -384,11 +380,7 @@ func (lp *LivePod) stream(w http.ResponseWriter, r *http.Request, req *request, 
 	}
 	sent := 0
 	for {
-		if err := lp.wait(r.Context(), lr); err != nil {
-			lp.cancel(lr)
-			if errors.Is(err, errPodStopped) {
-				panic(http.ErrAbortHandler)
-			}
+		if !lp.await(r, lr) {
 			return
 		}
 		tokens, done, out := lp.progress(lr)
