@@ -116,14 +116,22 @@ func newPlatformOf(t *testing.T, weights string, maxAge time.Duration, pods map[
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.gw = gw
+	p.srv = serve(t, gw)
+	p.waitScraped(t)
+	return p
+}
+
+// serve starts gw and a standalone proxy in front of it on loopback, both
+// stopped when the test ends.
+func serve(t *testing.T, gw *gateway.Gateway) *httptest.Server {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	gw.Start(ctx, nil)
-	p.gw = gw
-	p.srv = httptest.NewServer((&proxy.Proxy{Gateway: gw, Logger: quiet}).Handler())
-	t.Cleanup(p.srv.Close)
-	p.waitScraped(t)
-	return p
+	srv := httptest.NewServer((&proxy.Proxy{Gateway: gw, Logger: quiet}).Handler())
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 // waitScraped waits until every endpoint has been scraped once.

@@ -19,7 +19,6 @@ import (
 	"github.com/meridian-router/meridian/sim/simtest"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
-	"github.com/meridian-router/meridian/tier1/proxy"
 	"github.com/meridian-router/meridian/tier1/scrape"
 )
 
@@ -154,11 +153,7 @@ func meridianFront(t *testing.T, pods []*sim.LivePod) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	gw.Start(ctx, nil)
-	srv := httptest.NewServer((&proxy.Proxy{Gateway: gw, Logger: quiet}).Handler())
-	t.Cleanup(srv.Close)
+	srv := serve(t, gw)
 	p := &platform{gw: gw}
 	p.waitScraped(t)
 	testkit.Eventually(t, "every pod's /v1/models read", func() bool {
