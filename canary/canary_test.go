@@ -11,6 +11,7 @@ import (
 
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/config/configtest"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/rewrite"
 )
 
@@ -25,13 +26,7 @@ spec:
   - {name: c, modelName: other, modelSelector: {matchLabels: {pool: c}}}
 ---
 # the public name
-apiVersion: inference.networking.x-k8s.io/v1alpha2
-kind: InferenceModelRewrite
-metadata: {name: chat}
-spec:
-  rules:
-  - matches: [{model: {value: chat}}]
-    targets:
+` + testkit.ChatRewrite + `    targets:
     - {modelRewrite: chat-v1, weight: 80}
     - {modelRewrite: other, weight: 20}
 `

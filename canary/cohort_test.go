@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/rewrite"
 )
 
@@ -22,13 +23,7 @@ spec:
   - {name: a, modelName: chat-v1, modelSelector: {matchLabels: {pool: a}}}
   - {name: b, modelName: chat-v2, modelSelector: {matchLabels: {pool: b}}}
 ---
-apiVersion: inference.networking.x-k8s.io/v1alpha2
-kind: InferenceModelRewrite
-metadata: {name: chat}
-spec:
-  rules:
-  - matches: [{model: {value: chat}}]
-    targets: [{modelRewrite: chat-v1, weight: 1}]
+` + testkit.ChatRewrite + `    targets: [{modelRewrite: chat-v1, weight: 1}]
   %s
 `
 

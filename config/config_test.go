@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 const examples = "../deploy/examples"
@@ -81,15 +82,7 @@ spec:
 
 func mustBuild(t *testing.T, doc string) *config.Snapshot {
 	t.Helper()
-	docs, errs := config.Decode("test.yaml", []byte(doc))
-	if len(errs) > 0 {
-		t.Fatalf("decode: %v", errs)
-	}
-	s, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatalf("build: %v", err)
-	}
-	return s
+	return testkit.Snapshot(t, 1, doc)
 }
 
 const gwHead = `apiVersion: meridian.dev/v1alpha1

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/meridian-router/meridian/internal/loop"
 )
 
 // ReadDir decodes every YAML file under dir (recursively; hidden files and
@@ -272,16 +274,7 @@ func (d *DirSource) Run(ctx context.Context) {
 	if iv <= 0 {
 		iv = time.Second
 	}
-	t := time.NewTicker(iv)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			d.Reload()
-		}
-	}
+	loop.Every(ctx, iv, func() { d.Reload() })
 }
 
 // Reload re-reads the directory now. It returns the validation error of an

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -14,8 +13,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/meridian-router/meridian/internal/loop"
 )
 
 // DefaultPrefix is where Meridian keeps its objects in etcd: one key per
@@ -292,17 +294,17 @@ func (e *EtcdSource) Run(ctx context.Context) {
 	probed := make(chan struct{})
 	defer func() { <-probed }()
 	go func() { defer close(probed); e.probe(ctx) }()
-	backoff := 100 * time.Millisecond
+	// Jittered ([d/2, 3d/2]) exponential backoff from 100 ms to 10 s.
+	retry := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 10 * time.Second}
 	for ctx.Err() == nil {
 		e.mu.Lock()
 		listed := e.objects != nil
 		e.mu.Unlock()
 		if !listed {
 			if err := e.relist(ctx); err != nil && e.objectsNil() {
-				if !sleepCtx(ctx, jitter(backoff)) {
+				if !loop.Sleep(ctx, retry.NextBackOff()) {
 					return
 				}
-				backoff = min(backoff*2, 10*time.Second)
 				continue
 			}
 		}
@@ -318,10 +320,9 @@ func (e *EtcdSource) Run(ctx context.Context) {
 			continue
 		}
 		e.log().Warn("etcd watch ended; resuming", "error", err)
-		if !sleepCtx(ctx, jitter(backoff)) {
+		if !loop.Sleep(ctx, retry.NextBackOff()) {
 			return
 		}
-		backoff = min(backoff*2, 10*time.Second)
 	}
 }
 
@@ -468,19 +469,4 @@ func (e *EtcdSource) loadLKG() (*Snapshot, error) {
 		return nil, fmt.Errorf("%s: %w", e.CacheFile, err)
 	}
 	return s, nil
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d/2 + time.Duration(rand.Int64N(int64(d)))
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

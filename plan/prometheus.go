@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -283,7 +284,7 @@ func toHistogram(vs []promSample) (Histogram, error) {
 	if len(bs) == 0 {
 		return Histogram{}, errors.New("no histogram buckets (is the model server exporting it?)")
 	}
-	slices.SortFunc(bs, func(a, b bucket) int { return cmpFloat(a.le, b.le) })
+	slices.SortFunc(bs, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
 	var h Histogram
 	prev := 0.0
 	for _, b := range bs {
@@ -297,16 +298,6 @@ func toHistogram(vs []promSample) (Histogram, error) {
 		return Histogram{}, errors.New("no observations in the window")
 	}
 	return h, nil
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // promDuration writes a duration in PromQL's syntax (whole seconds).

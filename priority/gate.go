@@ -170,6 +170,20 @@ func (r *Rejection) Error() string {
 	return fmt.Sprintf("priority: %s request shed (%s); retry after %s", r.Band, r.Reason, r.RetryAfter)
 }
 
+// Code is the error code both tiers answer a rejection with (OpenAI's
+// error shape, and their rejected-requests metrics): queue_full for a
+// full queue or an eviction, queue_timeout for a request that waited its
+// band's maximum, shed otherwise.
+func (r *Rejection) Code() string {
+	switch r.Reason {
+	case ReasonQueueFull, ReasonEvicted:
+		return "queue_full"
+	case ReasonTimeout:
+		return "queue_timeout"
+	}
+	return "shed"
+}
+
 // Is makes errors.Is(err, ErrShed) true for every Rejection.
 func (r *Rejection) Is(target error) bool { return target == ErrShed }
 

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -102,27 +103,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Instance == "" {
 		return c, errors.New("ratelimit: config: instance: required")
 	}
-	if c.SyncInterval == 0 {
-		c.SyncInterval = d.SyncInterval
-	}
-	if c.DemandTimeConstant == 0 {
-		c.DemandTimeConstant = d.DemandTimeConstant
-	}
-	if c.PeerTimeout == 0 {
-		c.PeerTimeout = d.PeerTimeout
-	}
-	if c.StaleAfter == 0 {
-		c.StaleAfter = d.StaleAfter
-	}
-	if c.MinShare == 0 {
-		c.MinShare = d.MinShare
-	}
-	if c.InitialShare == 0 {
-		c.InitialShare = d.InitialShare
-	}
-	if c.Warmup == 0 {
-		c.Warmup = d.Warmup
-	}
+	// A zero field takes its default.
+	c.SyncInterval = cmp.Or(c.SyncInterval, d.SyncInterval)
+	c.DemandTimeConstant = cmp.Or(c.DemandTimeConstant, d.DemandTimeConstant)
+	c.PeerTimeout = cmp.Or(c.PeerTimeout, d.PeerTimeout)
+	c.StaleAfter = cmp.Or(c.StaleAfter, d.StaleAfter)
+	c.MinShare = cmp.Or(c.MinShare, d.MinShare)
+	c.InitialShare = cmp.Or(c.InitialShare, d.InitialShare)
+	c.Warmup = cmp.Or(c.Warmup, d.Warmup)
 	if c.Now == nil {
 		c.Now = d.Now
 	}

@@ -30,7 +30,13 @@ func loadMooncake(t testing.TB, n int) ([]*Request, []time.Duration) {
 		t.Fatalf("open shared trace: %v", err)
 	}
 	defer f.Close()
-	r := trace.NewMooncake(f)
+	return readRequests(t, trace.NewMooncake(f), n)
+}
+
+// readRequests reads the first n records of r (n <= 0: all) as requests
+// and their arrival times.
+func readRequests(t testing.TB, r trace.Reader, n int) ([]*Request, []time.Duration) {
+	t.Helper()
 	var reqs []*Request
 	var at []time.Duration
 	for n <= 0 || len(reqs) < n {

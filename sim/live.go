@@ -99,10 +99,22 @@ func StartPods(ctx context.Context, spec PodSpec, k int) ([]*LivePod, error) {
 	if prefix == "" {
 		prefix = spec.Pod.Profile.Name
 	}
+	cfgs := make([]PodConfig, k)
+	for i := range cfgs {
+		cfgs[i] = spec.Pod
+		cfgs[i].Name = prefix + "-" + strconv.Itoa(i)
+	}
+	return startAll(ctx, spec, cfgs)
+}
+
+// startAll starts one live pod per configuration, the i-th with seed
+// spec.Pod.Seed+i on port spec.BasePort+i (ephemeral when BasePort is 0),
+// all or nothing.
+func startAll(ctx context.Context, spec PodSpec, cfgs []PodConfig) ([]*LivePod, error) {
 	var pods []*LivePod
-	for i := 0; i < k; i++ {
+	for i, c := range cfgs {
 		s := spec
-		s.Pod.Name = prefix + "-" + strconv.Itoa(i)
+		s.Pod = c
 		s.Pod.Seed = spec.Pod.Seed + uint64(i)
 		port := 0
 		if spec.BasePort != 0 {
@@ -409,6 +421,21 @@ func (lp *LivePod) cancel(lr *liveRequest) {
 	lp.mu.Unlock()
 }
 
+// await is wait for a handler: when the client went away it cancels the
+// request and reports false; when the pod stopped it cancels the request
+// and aborts the handler (the connection drops, as a crashed server's
+// would).
+func (lp *LivePod) await(r *http.Request, lr *liveRequest) bool {
+	if err := lp.wait(r.Context(), lr); err != nil {
+		lp.cancel(lr)
+		if errors.Is(err, errPodStopped) {
+			panic(http.ErrAbortHandler)
+		}
+		return false
+	}
+	return true
+}
+
 // wait blocks until the request makes progress; it returns errClientGone
 // or errPodStopped if that happens first.
 func (lp *LivePod) wait(ctx context.Context, lr *liveRequest) error {
@@ -435,25 +462,7 @@ func StartFleet(ctx context.Context, f *Fleet, spec PodSpec) ([]*LivePod, error)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	var pods []*LivePod
-	for i, c := range cfgs {
-		s := spec
-		s.Pod = c
-		s.Pod.Seed = spec.Pod.Seed + uint64(i)
-		port := 0
-		if spec.BasePort != 0 {
-			port = spec.BasePort + i
-		}
-		lp, err := StartPod(ctx, s, port)
-		if err != nil {
-			for _, p := range pods {
-				p.Close()
-			}
-			return nil, err
-		}
-		pods = append(pods, lp)
-	}
-	return pods, nil
+	return startAll(ctx, spec, cfgs)
 }
 
 // StaticEndpoints describes live pods as a Meridian StaticEndpoints

@@ -83,6 +83,11 @@ func newPodCollector(lp *LivePod, names MetricNames, constLabels prometheus.Labe
 	desc := func(name, help string, labels []string) *prometheus.Desc {
 		return prometheus.NewDesc(prefix+name, help, labels, constLabels)
 	}
+	hist := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: prefix + name, Help: help, Buckets: buckets, ConstLabels: constLabels,
+		}, model)
+	}
 	c := &podCollector{lp: lp, names: names, model: lp.pod.Model()}
 	switch names {
 	case MetricsSGLang:
@@ -108,31 +113,16 @@ func newPodCollector(lp *LivePod, names MetricNames, constLabels prometheus.Labe
 	}
 	c.promptTokens = desc("prompt_tokens_total", "Number of prefill tokens processed.", model)
 	c.genTokens = desc("generation_tokens_total", "Number of generation tokens processed.", model)
-	c.ttft = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: prefix + "time_to_first_token_seconds", Help: "Histogram of time to first token in seconds.",
-		Buckets: ttftBuckets, ConstLabels: constLabels,
-	}, model)
-	c.e2e = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: prefix + "e2e_request_latency_seconds", Help: "Histogram of end to end request latency in seconds.",
-		Buckets: e2eBuckets, ConstLabels: constLabels,
-	}, model)
-	c.tpot = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: prefix + "time_per_output_token_seconds", Help: "Histogram of time per output token in seconds.",
-		Buckets: tpotBuckets, ConstLabels: constLabels,
-	}, model)
+	c.ttft = hist("time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets)
+	c.e2e = hist("e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", e2eBuckets)
+	c.tpot = hist("time_per_output_token_seconds", "Histogram of time per output token in seconds.", tpotBuckets)
 	// Request lengths, as vLLM observes them for every finished request
 	// (vllm:request_prompt_tokens, vllm:request_generation_tokens):
 	// `meridian plan --from-prometheus` reads its length distributions
 	// and peak rate from them.
 	lenBuckets := tokenBuckets(lp.pod.cfg.Profile.MaxModelLen)
-	c.promptLen = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: prefix + "request_prompt_tokens", Help: "Number of prefill tokens processed.",
-		Buckets: lenBuckets, ConstLabels: constLabels,
-	}, model)
-	c.outputLen = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: prefix + "request_generation_tokens", Help: "Number of generation tokens processed.",
-		Buckets: lenBuckets, ConstLabels: constLabels,
-	}, model)
+	c.promptLen = hist("request_prompt_tokens", "Number of prefill tokens processed.", lenBuckets)
+	c.outputLen = hist("request_generation_tokens", "Number of generation tokens processed.", lenBuckets)
 	// Expose empty histograms from the start, as vLLM does.
 	c.promptLen.WithLabelValues(c.model)
 	c.outputLen.WithLabelValues(c.model)

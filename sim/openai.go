@@ -282,11 +282,7 @@ func (lp *LivePod) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	for {
-		if err := lp.wait(r.Context(), lr); err != nil {
-			lp.cancel(lr)
-			if errors.Is(err, errPodStopped) {
-				panic(http.ErrAbortHandler)
-			}
+		if !lp.await(r, lr) {
 			return
 		}
 		if _, done, out := lp.progress(lr); done {
@@ -389,11 +385,7 @@ func (lp *LivePod) stream(w http.ResponseWriter, r *http.Request, req *request, 
 	sent := 0
 	var chunkBuf [512]byte
 	for {
-		if err := lp.wait(r.Context(), lr); err != nil {
-			lp.cancel(lr)
-			if errors.Is(err, errPodStopped) {
-				panic(http.ErrAbortHandler)
-			}
+		if !lp.await(r, lr) {
 			return
 		}
 		tokens, done, out := lp.progress(lr)

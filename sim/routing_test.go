@@ -2,7 +2,6 @@ package sim
 
 import (
 	"github.com/meridian-router/meridian/internal/traces"
-	"io"
 	"os"
 	"slices"
 	"testing"
@@ -18,21 +17,7 @@ func loadAzure(t testing.TB, n int) ([]*Request, []time.Duration) {
 		t.Fatalf("open shared trace: %v", err)
 	}
 	defer f.Close()
-	r := trace.NewAzure(f)
-	var reqs []*Request
-	var at []time.Duration
-	for len(reqs) < n {
-		rec, err := r.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		reqs = append(reqs, TraceRequest(rec))
-		at = append(at, rec.Arrival)
-	}
-	return reqs, at
+	return readRequests(t, trace.NewAzure(f), n)
 }
 
 // p99TTFT replays requests on 2 H100 and 2 A10G pods, picking pods either

@@ -36,14 +36,20 @@ var (
 // test binary: benchmarks run their function several times while sizing
 // b.N, and building a 512-pod index each time would dominate.
 func newBenchFixture(tb testing.TB, mode string, pods, blocks int) *benchFixture {
-	key := fmt.Sprint(mode, pods, blocks)
-	fixturesMu.Lock()
-	defer fixturesMu.Unlock()
-	if f := fixtures[key]; f != nil {
+	return memo(&fixturesMu, fixtures, fmt.Sprint(mode, pods, blocks), func() *benchFixture {
+		return buildBenchFixture(tb, mode, pods, blocks)
+	})
+}
+
+// memo returns cache[key], built by build the first time it is asked for.
+func memo[F any](mu *sync.Mutex, cache map[string]*F, key string, build func() *F) *F {
+	mu.Lock()
+	defer mu.Unlock()
+	if f := cache[key]; f != nil {
 		return f
 	}
-	f := buildBenchFixture(tb, mode, pods, blocks)
-	fixtures[key] = f
+	f := build()
+	cache[key] = f
 	return f
 }
 

@@ -59,15 +59,9 @@ var (
 // newPathFixture returns the fixture for these sizes, built once per test
 // binary: filling 64 pods to capacity takes a few seconds.
 func newPathFixture(tb testing.TB, pods, blocks, kvBlocks int) *pathFixture {
-	key := fmt.Sprint(pods, blocks, kvBlocks)
-	pathFixturesMu.Lock()
-	defer pathFixturesMu.Unlock()
-	if f := pathFixtures[key]; f != nil {
-		return f
-	}
-	f := buildPathFixture(tb, pods, blocks, kvBlocks)
-	pathFixtures[key] = f
-	return f
+	return memo(&pathFixturesMu, pathFixtures, fmt.Sprint(pods, blocks, kvBlocks), func() *pathFixture {
+		return buildPathFixture(tb, pods, blocks, kvBlocks)
+	})
 }
 
 // pathText is deterministic prose of n bytes for (kind, id): words, with a

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/loop"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/regions"
 )
@@ -270,18 +271,11 @@ func (a *Admission) Run(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		every = 200 * time.Millisecond
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	loop.Every(ctx, every, func() {
 		a.mu.Lock()
 		for m, g := range a.gates {
 			a.observeLocked(m, g)
 		}
 		a.mu.Unlock()
-	}
+	})
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/loop"
 )
 
 // Caller is an authenticated request's identity.
@@ -363,18 +364,11 @@ func (ks *KeySet) Run(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = 5 * time.Minute
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := ks.Refresh(ctx); err != nil && ks.Logger != nil {
-				ks.Logger.Warn("JWKS refresh failed; keeping the current keys", "error", err)
-			}
+	loop.Every(ctx, interval, func() {
+		if err := ks.Refresh(ctx); err != nil && ks.Logger != nil {
+			ks.Logger.Warn("JWKS refresh failed; keeping the current keys", "error", err)
 		}
-	}
+	})
 }
 
 // Key returns the public key for a token's kid and algorithm.

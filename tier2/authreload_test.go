@@ -24,6 +24,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // A token listing critical header extensions is refused (Meridian
@@ -124,16 +125,7 @@ spec:
     modelName: chat-model
     modelSelector: {matchLabels: {pool: chat}}
 `
-	path := filepath.Join(dir, "gw.yaml")
-	docs, errs := config.Decode(path, []byte(y))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	snap, err := config.Build(docs, rev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return snap
+	return testkit.SnapshotFile(t, filepath.Join(dir, "gw.yaml"), rev, y)
 }
 
 // Every field of spec.auth.jwt takes effect on reload, without a restart.

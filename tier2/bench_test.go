@@ -14,7 +14,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/ratelimit"
 	"github.com/meridian-router/meridian/regions"
 )
@@ -77,7 +77,7 @@ func newInferenceFixtureUpstream(tb testing.TB, url string) *inferenceFixture {
 	if url != "" {
 		cfg = strings.Replace(cfg, `tier1: "http://127.0.0.1:1"`, `tier1: "`+url+`"`, 1)
 	}
-	docs, errs := config.Decode("bench.yaml", []byte(cfg+`---
+	snap := testkit.Snapshot(tb, 1, cfg+`---
 apiVersion: meridian.dev/v1alpha1
 kind: Tenant
 metadata: {name: team}
@@ -85,18 +85,8 @@ spec:
   limits:
     requests: {limit: 1000000000, per: 1m}
     tokens: {limit: 1000000000000, per: 1m}
-`))
-	if len(errs) > 0 {
-		tb.Fatal(errs)
-	}
-	snap, err := config.Build(docs, 1)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology)})
-	if err != nil {
-		tb.Fatal(err)
-	}
+`)
+	fleet := localFleet(tb, snap)
 	f := &inferenceFixture{}
 	version := uint64(0)
 	f.refresh = func() {

@@ -17,6 +17,7 @@ import (
 	"github.com/meridian-router/meridian/canary"
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/config/configtest"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/rewrite"
 	"github.com/meridian-router/meridian/rollout"
@@ -50,13 +51,7 @@ spec:
   schedulers:
   - {name: v2, modelName: chat-v2, modelSelector: {matchLabels: {pool: v2}}}
 ---
-apiVersion: inference.networking.x-k8s.io/v1alpha2
-kind: InferenceModelRewrite
-metadata: {name: chat}
-spec:
-  rules:
-  - matches: [{model: {value: chat}}]
-    targets:
+` + testkit.ChatRewrite + `    targets:
     - {modelRewrite: chat-v1, weight: 1}
     - {modelRewrite: chat-v2, weight: 1, clusters: [c2]}
   rollout:
@@ -97,10 +92,7 @@ func newCanaryRig(t *testing.T, instances int, writable bool) *canaryRig {
 	}
 	snap := rig.load(t)
 	for range instances {
-		fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology)})
-		if err != nil {
-			t.Fatal(err)
-		}
+		fleet := localFleet(t, snap)
 		r, err := NewRouter(Config{Region: "r1", Fleet: fleet, InsecureNoAuth: true, Logger: slog.New(slog.DiscardHandler)}, snap)
 		if err != nil {
 			t.Fatal(err)
@@ -318,18 +310,8 @@ func value(m prometheus.Metric) float64 {
 // digests, analyse and evaluate one rollout. It runs every few seconds, off
 // the request path.
 func BenchmarkCanaryRound(b *testing.B) {
-	docs, errs := config.Decode("canary.yaml", []byte(canaryConfig))
-	if len(errs) > 0 {
-		b.Fatal(errs)
-	}
-	snap, err := config.Build(docs, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology)})
-	if err != nil {
-		b.Fatal(err)
-	}
+	snap := testkit.Snapshot(b, 1, canaryConfig)
+	fleet := localFleet(b, snap)
 	r, err := NewRouter(Config{Region: "r1", Fleet: fleet, InsecureNoAuth: true, Logger: slog.New(slog.DiscardHandler)}, snap)
 	if err != nil {
 		b.Fatal(err)

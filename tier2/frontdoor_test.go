@@ -13,6 +13,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/regions"
 )
 
@@ -42,21 +43,21 @@ spec:
   models: [chat-model]
 `
 
-func frontDoor(t *testing.T) (*httptest.Server, testKey) {
-	t.Helper()
-	docs, errs := config.Decode("fd.yaml", []byte(frontDoorConfig))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	snap, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, ecK, _ := newKeys(t)
+// localFleet is a fleet in Region r1 over snap's Topology.
+func localFleet(tb testing.TB, snap *config.Snapshot) *regions.Fleet {
+	tb.Helper()
 	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology)})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
+	return fleet
+}
+
+func frontDoor(t *testing.T) (*httptest.Server, testKey) {
+	t.Helper()
+	snap := testkit.Snapshot(t, 1, frontDoorConfig)
+	_, ecK, _ := newKeys(t)
+	fleet := localFleet(t, snap)
 	r, err := NewRouter(Config{
 		Region: "r1", Fleet: fleet, MaxBodyBytes: 1 << 10,
 		Auth:   NewAuthenticator(jwtCfg, StaticKeySet(jwk(ecK)), time.Minute, nil),

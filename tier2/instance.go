@@ -21,6 +21,7 @@ import (
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/loop"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/ratelimit"
 	"github.com/meridian-router/meridian/regions"
@@ -400,17 +401,7 @@ func (in *Instance) Run(ctx context.Context, updates <-chan *config.Snapshot) {
 	goRun(func() { in.Canary.Run(ctx) })
 	if updates != nil {
 		goRun(func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case s, ok := <-updates:
-					if !ok {
-						return
-					}
-					in.apply(ctx, s)
-				}
-			}
+			loop.Each(ctx, updates, func(s *config.Snapshot) { in.apply(ctx, s) })
 		})
 	}
 	<-ctx.Done()
@@ -552,53 +543,49 @@ func FromProto(cd *tier1v1.ClusterDigest, p *tier1v1.PoolDigest) regions.Digest 
 }
 
 // housekeeping sweeps stale digests, feeds measured round trips to the
-// fleet and refreshes gauges.
+// fleet and refreshes gauges, every half second until ctx ends.
 func (in *Instance) housekeeping(ctx context.Context) {
-	t := time.NewTicker(500 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	loop.Every(ctx, 500*time.Millisecond, in.housekeep)
+}
+
+// housekeep is one round of housekeeping.
+func (in *Instance) housekeep() {
+	in.Fleet.Digests().Sweep()
+	now := time.Now()
+	in.metrics.digestAge.Reset()
+	for _, d := range in.Fleet.Digests().Digests() {
+		in.metrics.digestAge.WithLabelValues(d.Region, d.Cluster, d.Pool).Set(now.Sub(d.Produced).Seconds())
+	}
+	for _, st := range in.Fleet.Status() {
+		v := 0.0
+		if st.Ejected {
+			v = 1
 		}
-		in.Fleet.Digests().Sweep()
-		now := time.Now()
-		in.metrics.digestAge.Reset()
-		for _, d := range in.Fleet.Digests().Digests() {
-			in.metrics.digestAge.WithLabelValues(d.Region, d.Cluster, d.Pool).Set(now.Sub(d.Produced).Seconds())
+		in.metrics.ejected.WithLabelValues(st.Cluster).Set(v)
+		if prev := in.ejections[st.Cluster]; st.Ejections > prev {
+			in.metrics.ejections.WithLabelValues(st.Cluster).Add(float64(st.Ejections - prev))
 		}
-		for _, st := range in.Fleet.Status() {
-			v := 0.0
-			if st.Ejected {
-				v = 1
-			}
-			in.metrics.ejected.WithLabelValues(st.Cluster).Set(v)
-			if prev := in.ejections[st.Cluster]; st.Ejections > prev {
-				in.metrics.ejections.WithLabelValues(st.Cluster).Add(float64(st.Ejections - prev))
-			}
-			in.ejections[st.Cluster] = st.Ejections
-		}
-		if in.Node == nil {
+		in.ejections[st.Cluster] = st.Ejections
+	}
+	if in.Node == nil {
+		return
+	}
+	in.metrics.members.Reset()
+	byRegion := map[string][]time.Duration{}
+	for _, m := range in.Node.Members() {
+		in.metrics.members.WithLabelValues(m.Region).Inc()
+		if m.Name == in.Node.Name() {
 			continue
 		}
-		in.metrics.members.Reset()
-		byRegion := map[string][]time.Duration{}
-		for _, m := range in.Node.Members() {
-			in.metrics.members.WithLabelValues(m.Region).Inc()
-			if m.Name == in.Node.Name() {
-				continue
-			}
-			if rtt, ok := in.Node.RTT(m.Name); ok {
-				byRegion[m.Region] = append(byRegion[m.Region], rtt)
-			}
+		if rtt, ok := in.Node.RTT(m.Name); ok {
+			byRegion[m.Region] = append(byRegion[m.Region], rtt)
 		}
-		for region, rtts := range byRegion {
-			best := rtts[0]
-			for _, r := range rtts[1:] {
-				best = min(best, r)
-			}
-			in.Fleet.ObserveRTT(region, best)
+	}
+	for region, rtts := range byRegion {
+		best := rtts[0]
+		for _, r := range rtts[1:] {
+			best = min(best, r)
 		}
+		in.Fleet.ObserveRTT(region, best)
 	}
 }

@@ -558,14 +558,7 @@ func (r *Router) admit(st *state, c *call, _ http.ResponseWriter, req *http.Requ
 	if err != nil {
 		var rej *priority.Rejection
 		if errors.As(err, &rej) {
-			code := "shed"
-			switch rej.Reason {
-			case priority.ReasonQueueFull, priority.ReasonEvicted:
-				code = "queue_full"
-			case priority.ReasonTimeout:
-				code = "queue_timeout"
-			}
-			return request.TooManyRequests(code, fmt.Sprintf("%s request shed: the model %q is at capacity (%s)", c.band, c.resolved.Public, rej.Reason),
+			return request.TooManyRequests(rej.Code(), fmt.Sprintf("%s request shed: the model %q is at capacity (%s)", c.band, c.resolved.Public, rej.Reason),
 				int(math.Ceil(rej.RetryAfter.Seconds())))
 		}
 		return request.Unavailable("admission", err.Error())

@@ -19,11 +19,12 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/ratelimit"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/sim/simtest"
 )
 
 // door is a front door over real upstreams (simulated pods or HTTP
@@ -106,19 +107,9 @@ spec:
 
 func newDoor(t *testing.T, mod func(*Config), upstreams ...string) *door {
 	t.Helper()
-	docs, errs := config.Decode("door.yaml", []byte(doorConfig(upstreams...)))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	snap, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := testkit.Snapshot(t, 1, doorConfig(upstreams...))
 	_, ecK, _ := newKeys(t)
-	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fleet := localFleet(t, snap)
 	for i := range upstreams {
 		for _, model := range []string{"chat-model", "other-model"} {
 			fleet.Digests().Put(regions.Digest{Region: "r1", Cluster: fmt.Sprintf("c%d", i+1), Pool: model, Model: model, ReadyPods: 1, TotalPods: 1,
@@ -233,16 +224,7 @@ func simTokens(t *testing.T, text string) int64 {
 
 func startSim(t *testing.T) *sim.LivePod {
 	t.Helper()
-	prof, err := sim.LookupProfile("h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pods, err := sim.StartPods(t.Context(), sim.PodSpec{Pod: sim.PodConfig{Name: "p", Profile: prof, Model: "chat-model"}, TimeScale: 5}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pods[0].Close() })
-	return pods[0]
+	return simtest.StartPods(t, sim.PodSpec{Pod: sim.PodConfig{Name: "p", Profile: simtest.Profile(t, "h100"), Model: "chat-model"}, TimeScale: 5}, 1)[0]
 }
 
 // A stream is charged what it delivered: the prompt plus every output

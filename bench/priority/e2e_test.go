@@ -19,11 +19,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
-	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/sim/simtest"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/health"
 	"github.com/meridian-router/meridian/tier1/proxy"
@@ -57,32 +57,7 @@ func serveHTTP(t testing.TB, ln net.Listener, h http.Handler) {
 // labels in reg (0 if absent).
 func metric(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue next
-				}
-			}
-			if c := m.GetCounter(); c != nil {
-				return c.GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
+	return testkit.Metric(t, reg, name, labels)
 }
 
 type reply struct {
@@ -124,22 +99,11 @@ func newPlatform(t testing.TB) *platform {
 	t.Helper()
 	ctx := t.Context()
 	quiet := slog.New(slog.DiscardHandler)
-	prof, err := sim.LookupProfile("h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := sim.PodSpec{Pod: sim.PodConfig{Profile: prof, Model: "m"}, TimeScale: 20, DefaultMaxTokens: 4}
+	spec := sim.PodSpec{Pod: sim.PodConfig{Profile: simtest.Profile(t, "h100"), Model: "m"}, TimeScale: 20, DefaultMaxTokens: 4}
 	spec.Pod.Name = "home"
-	homePods, err := sim.StartPods(ctx, spec, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	homePods := simtest.StartPods(t, spec, 1)
 	spec.Pod.Name = "away"
-	awayPods, err := sim.StartPods(ctx, spec, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { homePods[0].Close(); awayPods[0].Close() })
+	awayPods := simtest.StartPods(t, spec, 1)
 
 	t1ln := map[string]net.Listener{"home": listen(t), "away": listen(t)}
 	hln := map[string]net.Listener{"home": listen(t), "away": listen(t)}
@@ -168,12 +132,7 @@ metadata: {name: c-%[1]s}
 spec:
   region: %[1]s
   cluster: c-%[1]s
-  auth:
-    jwt:
-      issuer: https://auth.example.com/
-      audiences: [meridian]
-      jwksURL: https://auth.example.com/jwks.json
-      requiredClaims: {present: [sub, tenant]}
+`+testkit.JWTAuth+`      requiredClaims: {present: [sub, tenant]}
   schedulers:
   - name: m
     modelName: m
@@ -211,14 +170,7 @@ apiVersion: meridian.dev/v1alpha1
 kind: Tenant
 metadata: {name: intruder}
 `)
-	docs, errs := config.Decode("e2e.yaml", []byte(b.String()))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	snap, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := testkit.Snapshot(t, 1, b.String())
 
 	t1 := map[string]*tier1Cluster{}
 	for _, r := range []string{"home", "away"} {

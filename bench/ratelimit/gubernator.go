@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -156,18 +157,8 @@ func (p *namePicker) New() gubernator.PeerPicker { return &namePicker{owner: p.o
 func (p *namePicker) Add(c *gubernator.PeerClient) {
 	p.peers = append(p.peers, c)
 	slices.SortFunc(p.peers, func(a, b *gubernator.PeerClient) int {
-		return cmpString(a.Info().HTTPAddress, b.Info().HTTPAddress)
+		return cmp.Compare(a.Info().HTTPAddress, b.Info().HTTPAddress)
 	})
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // relay is a TCP forwarder on loopback that delivers every chunk, in each

@@ -22,6 +22,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,6 +42,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/meridian-router/meridian/internal/loop"
 )
 
 var (
@@ -507,19 +510,12 @@ func putFaults(ctx context.Context, c *http.Client, pod string, faults map[strin
 // sample records the process's resources every -sample.
 func sample(ctx context.Context, p *platform, rec *recorder) {
 	c := &http.Client{Timeout: 5 * time.Second}
-	t := time.NewTicker(*sampleEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	loop.Every(ctx, *sampleEvery, func() {
 		s := resources(p.cmd.Process.Pid)
 		s.At = time.Since(rec.start)
 		s.Goroutines = goroutines(ctx, c, p.metrics)
 		rec.addSample(s)
-	}
+	})
 }
 
 type snapshot struct {
@@ -632,7 +628,7 @@ func (r *recorder) report(p *platform) *Report {
 		}
 		// The interval a request arrived in.
 		i, _ := slices.BinarySearchFunc(samples, res.at, func(s snapshot, at time.Duration) int {
-			return compareDur(s.At, at)
+			return cmp.Compare(s.At, at)
 		})
 		if i < len(samples) {
 			samples[i].Requests++
@@ -658,16 +654,6 @@ func (r *recorder) report(p *platform) *Report {
 	rep.GoroGrowth = growth(post, func(s snapshot) float64 { return float64(s.Goroutines) })
 	rep.FDGrowth = growth(post, func(s snapshot) float64 { return float64(s.FDs) })
 	return rep
-}
-
-func compareDur(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func quantile(sorted []time.Duration, q float64) time.Duration {

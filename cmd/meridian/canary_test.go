@@ -64,12 +64,7 @@ metadata: {name: %[1]s}
 spec:
   region: %[2]s
   cluster: %[1]s
-  auth:
-    jwt:
-      issuer: https://auth.example.com/
-      audiences: [meridian]
-      jwksURL: https://auth.example.com/jwks.json
-  schedulers:
+`+testkit.JWTAuth+`  schedulers:
   # One pod per pool: a small Critical reserve keeps the test's load on
   # the pod instead of queued in the Gate (the default reserve is 0.65).
   - {name: %[4]s, modelName: %[3]s, modelSelector: {matchLabels: {pool: %[4]s}}, admission: {criticalReserve: 0.1}}
@@ -84,13 +79,7 @@ spec:
 `, c.name, c.region, c.model, c.pool, c.pod, port[c.pod])
 	}
 	b.WriteString(`---
-apiVersion: inference.networking.x-k8s.io/v1alpha2
-kind: InferenceModelRewrite
-metadata: {name: chat}
-spec:
-  rules:
-  - matches: [{model: {value: chat}}]
-    targets:
+` + testkit.ChatRewrite + `    targets:
     - {modelRewrite: chat-v1, weight: 100}
   stickiness: {key: header, header: x-session-id, salt: chat-rollout}
 `)
@@ -663,13 +652,7 @@ spec:
   - {name: b, modelName: chat-v2, modelSelector: {matchLabels: {pool: b}}}
   bbr: {enabled: true}
 ---
-apiVersion: inference.networking.x-k8s.io/v1alpha2
-kind: InferenceModelRewrite
-metadata: {name: chat}
-spec:
-  rules:
-  - matches: [{model: {value: chat}}]
-    targets: [{modelRewrite: chat-v1, weight: 1}]
+` + testkit.ChatRewrite + `    targets: [{modelRewrite: chat-v1, weight: 1}]
 `
 	if err := os.WriteFile(filepath.Join(dir, "c.yaml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

@@ -79,12 +79,7 @@ spec:
   region: %s
   cluster: %s
   bbr: {enabled: true}
-  auth:
-    jwt:
-      issuer: https://auth.example.com/
-      audiences: [meridian]
-      jwksURL: https://auth.example.com/jwks.json
-      requiredClaims: {present: [sub, tenant]}
+`+testkit.JWTAuth+`      requiredClaims: {present: [sub, tenant]}
   schedulers:
   - name: fast
     modelName: fast
@@ -118,13 +113,7 @@ spec:
 	}
 	cfg = cfg[:strings.LastIndex(cfg, "---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints")] + pods.String()
 	cfg += `---
-apiVersion: inference.networking.x-k8s.io/v1alpha2
-kind: InferenceModelRewrite
-metadata: {name: chat}
-spec:
-  rules:
-  - matches: [{model: {value: chat}}]
-    targets:
+` + testkit.ChatRewrite + `    targets:
     - {modelRewrite: chat-v1, weight: 50}
     - {modelRewrite: chat-v2, weight: 50}
 ---

@@ -1,7 +1,8 @@
 // Package testkit is what the tests and benchmarks of many packages share:
-// waiting for a condition with a bound (Eventually) and measuring CPU time
-// (CPUTime, StartCPU). It is imported only by test files
-// (docs/architecture.md, rule 2).
+// waiting for a condition with a bound (Eventually), measuring CPU time
+// (CPUTime, StartCPU), building a configuration from YAML (Snapshot,
+// StaticEndpoints) and reading a metric from a registry (Metric). It is
+// imported only by test files (docs/architecture.md, rule 2).
 package testkit
 
 import (

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // The configuration the matcher tests run against: two clusters, a
@@ -79,15 +80,7 @@ spec:
 
 func testSnapshot(t testing.TB) *config.Snapshot {
 	t.Helper()
-	docs, errs := config.Decode("test.yaml", []byte(testConfig))
-	if len(errs) > 0 {
-		t.Fatalf("decode: %v", errs)
-	}
-	s, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatalf("build: %v", err)
-	}
-	return s
+	return testkit.Snapshot(t, 1, testConfig)
 }
 
 func pod(ns, name, ip string, ready bool, labels ...string) Pod {

@@ -23,6 +23,7 @@ import (
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/sim/simtest"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/extproc"
 	"github.com/meridian-router/meridian/tier1/gateway"
@@ -61,45 +62,22 @@ spec:
 
 func startPods(tb testing.TB, profile, model string, adapters []string, k int, scale float64) []*sim.LivePod {
 	tb.Helper()
-	p, err := sim.LookupProfile(profile)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pods, err := sim.StartPods(context.Background(), sim.PodSpec{
-		Pod:              sim.PodConfig{Name: model, Profile: p, Model: model, Adapters: adapters},
+	return simtest.StartPods(tb, sim.PodSpec{
+		Pod:              sim.PodConfig{Name: model, Profile: simtest.Profile(tb, profile), Model: model, Adapters: adapters},
 		TimeScale:        scale,
 		DefaultMaxTokens: 8,
 	}, k)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		for _, lp := range pods {
-			lp.Close()
-		}
-	})
-	return pods
 }
 
 func snapshot(tb testing.TB, pods map[string][]*sim.LivePod) *config.Snapshot {
 	tb.Helper()
-	var b strings.Builder
-	b.WriteString(gatewayYAML)
-	b.WriteString("---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints\nmetadata: {name: pods}\nspec:\n  endpoints:\n")
+	var eps []testkit.Endpoint
 	for pool, lps := range pods {
 		for _, lp := range lps {
-			fmt.Fprintf(&b, "  - {name: %s-%s, address: %q, labels: {pool: %s}}\n", pool, strings.ReplaceAll(lp.Addr(), ":", "-"), lp.Addr(), pool)
+			eps = append(eps, testkit.Endpoint{Name: pool + "-" + strings.ReplaceAll(lp.Addr(), ":", "-"), Address: lp.Addr(), Pool: pool})
 		}
 	}
-	docs, errs := config.Decode("test.yaml", []byte(b.String()))
-	if len(errs) > 0 {
-		tb.Fatal(errs)
-	}
-	s, err := config.Build(docs, 1)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return s
+	return testkit.Snapshot(tb, 1, gatewayYAML+testkit.StaticEndpoints(eps...))
 }
 
 func newPlatform(tb testing.TB, srv *extproc.Server, scale float64) *platform {

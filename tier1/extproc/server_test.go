@@ -129,24 +129,10 @@ func TestRouting(t *testing.T) {
 	}
 }
 
-// counter reads one counter, by its single label's value, from a registry.
-func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+// counter reads one counter, by its code label, from a registry.
+func counter(t *testing.T, reg *prometheus.Registry, name, code string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == label {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return testkit.Metric(t, reg, name, map[string]string{"code": code})
 }
 
 func TestLargeBodyChunked(t *testing.T) {

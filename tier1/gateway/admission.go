@@ -157,13 +157,7 @@ func (g *Gateway) admissionError(pool, model string, err error) error {
 	if !errors.As(err, &rej) {
 		return err // the caller went away while waiting
 	}
-	code := "shed"
-	switch rej.Reason {
-	case priority.ReasonQueueFull, priority.ReasonEvicted:
-		code = "queue_full"
-	case priority.ReasonTimeout:
-		code = "queue_timeout"
-	}
+	code := rej.Code()
 	g.metrics.rejected.WithLabelValues(pool, code).Inc()
 	return request.TooManyRequests(code,
 		fmt.Sprintf("%s request shed: the pool serving %q is at capacity (%s)", rej.Band, model, rej.Reason),

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1"
@@ -30,35 +31,14 @@ metadata: {name: payments}
 spec: {maxBand: Critical}
 `
 
+// twoPodsYAML is pods a and b of pool chat, never reachable.
+var twoPodsYAML = testkit.StaticEndpoints(
+	testkit.Endpoint{Name: "pod-a", Address: "10.0.0.1:8000", Pool: "chat"},
+	testkit.Endpoint{Name: "pod-b", Address: "10.0.0.2:8000", Pool: "chat"})
+
 func snapshot(t *testing.T, extra string) *config.Snapshot {
 	t.Helper()
-	y := `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
----
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-  - {name: pod-a, address: "10.0.0.1:8000", labels: {pool: chat}}
-  - {name: pod-b, address: "10.0.0.2:8000", labels: {pool: chat}}
-` + extra
-	docs, errs := config.Decode("test.yaml", []byte(y))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	s, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return testkit.Snapshot(t, 1, testkit.ChatGateway+twoPodsYAML+extra)
 }
 
 // newGateway is a gateway over pods a and b of pool "chat", never scraped:
@@ -98,29 +78,7 @@ func endpointName(id string) string {
 
 func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue next
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
+	return testkit.Metric(t, reg, name, labels)
 }
 
 var body = &request.Body{Model: "chat-model", Kind: request.Completion, Prompt: "hello"}
@@ -348,21 +306,7 @@ func ExampleGateway_Route() {
 }
 
 func exampleSnapshot() *config.Snapshot {
-	docs, _ := config.Decode("example.yaml", []byte(`apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  schedulers:
-  - {name: chat, modelName: chat-model, modelSelector: {matchLabels: {pool: chat}}}
----
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-  - {name: pod-a, address: "10.0.0.1:8000", labels: {pool: chat}}
-  - {name: pod-b, address: "10.0.0.2:8000", labels: {pool: chat}}
-`))
+	docs, _ := config.Decode("example.yaml", []byte(testkit.ChatGateway+twoPodsYAML))
 	s, err := config.Build(docs, 1)
 	if err != nil {
 		panic(err)

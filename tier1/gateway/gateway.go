@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/loop"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1"
@@ -204,21 +205,11 @@ func (g *Gateway) Start(ctx context.Context, updates <-chan *config.Snapshot) {
 	if updates == nil {
 		return
 	}
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case s, ok := <-updates:
-				if !ok {
-					return
-				}
-				if err := g.Apply(s); err != nil {
-					g.log.Error("tier1: configuration not applied; keeping the running one", "revision", s.Revision, "error", err)
-				}
-			}
+	go loop.Each(ctx, updates, func(s *config.Snapshot) {
+		if err := g.Apply(s); err != nil {
+			g.log.Error("tier1: configuration not applied; keeping the running one", "revision", s.Revision, "error", err)
 		}
-	}()
+	})
 }
 
 // Apply swaps in a new configuration: schedulers, weights and adapter maps

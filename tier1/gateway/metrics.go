@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meridian-router/meridian/internal/loop"
 )
 
 // Metrics are Tier-1's request metrics (docs/metrics.md).
@@ -61,16 +63,7 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 
 // exportGauges refreshes the per-pool gauges once a second.
 func (g *Gateway) exportGauges(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		g.refreshGauges()
-	}
+	loop.Every(ctx, time.Second, g.refreshGauges)
 }
 
 func (g *Gateway) refreshGauges() {

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1/gateway"
@@ -93,29 +92,7 @@ func TestPromptsAddNoAllocations(t *testing.T) {
 func BenchmarkDecidePrompts(b *testing.B) {
 	bodies := stampedBodies(64)
 	meta := gateway.Meta{Header: header("x-meridian-tenant", "acme")}
-	docs, errs := config.Decode("bench.yaml", []byte(`apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  schedulers:
-  - {name: chat, modelName: chat-model, modelSelector: {matchLabels: {pool: chat}}}
----
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-  - {name: pod-a, address: "10.0.0.1:8000", labels: {pool: chat}}
-  - {name: pod-b, address: "10.0.0.2:8000", labels: {pool: chat}}
-`))
-	if len(errs) > 0 {
-		b.Fatal(errs)
-	}
-	snap, err := config.Build(docs, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
+	snap := testkit.Snapshot(b, 1, testkit.ChatGateway+twoPodsYAML)
 	for _, on := range []bool{false, true} {
 		name := "off"
 		cfg := gateway.Config{Cluster: "c1", Logger: quiet}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/config/configtest"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1"
@@ -38,29 +39,12 @@ func reloadYAML(admission, extra string) string {
 func reloadYAMLWith(admission, options, extra string) string {
 	adm := ""
 	if admission != "" {
-		adm = "\n    admission: " + admission
+		adm = "    admission: " + admission + "\n"
 	}
 	if options != "" {
-		adm += "\n    options: " + options
+		adm += "    options: " + options + "\n"
 	}
-	return `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}` + adm + `
----
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-  - {name: pod-a, address: "10.0.0.1:8000", labels: {pool: chat}}
-  - {name: pod-b, address: "10.0.0.2:8000", labels: {pool: chat}}
-` + tenantsYAML + extra
+	return testkit.ChatGateway + adm + twoPodsYAML + tenantsYAML + extra
 }
 
 const objectivesYAML = `---

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
+	"github.com/meridian-router/meridian/internal/loop"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/tier1/gateway"
 )
@@ -159,16 +160,7 @@ func (p *Publisher) Register(g grpc.ServiceRegistrar) { tier1v1.RegisterPoolHeal
 func (p *Publisher) Run(ctx context.Context) {
 	p.publish(time.Now())
 	p.published.WithLabelValues("interval").Inc()
-	t := time.NewTicker(p.cfg.CheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		p.Check(time.Now())
-	}
+	loop.Every(ctx, p.cfg.CheckInterval, func() { p.Check(time.Now()) })
 }
 
 // Check samples the pools at now and publishes if the regular interval

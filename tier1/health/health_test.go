@@ -19,10 +19,10 @@ import (
 	"google.golang.org/grpc"
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
-	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/sim/simtest"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/scrape"
@@ -37,34 +37,11 @@ var quiet = slog.New(slog.DiscardHandler)
 // bubble it runs on the fake clock.
 func newGateway(t *testing.T) (*gateway.Gateway, []*tier1.Endpoint) {
 	t.Helper()
-	y := `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
-    loraAdapters: [a1, a2, a3]
----
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-`
-	for i := range 4 {
-		y += fmt.Sprintf("  - {name: pod-%d, address: \"10.0.0.%d:8000\", labels: {pool: chat}}\n", i, i+1)
+	pods := make([]testkit.Endpoint, 4)
+	for i := range pods {
+		pods[i] = testkit.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: fmt.Sprintf("10.0.0.%d:8000", i+1), Pool: "chat"}
 	}
-	docs, errs := config.Decode("test.yaml", []byte(y))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	s, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testkit.Snapshot(t, 1, testkit.ChatGateway+"    loraAdapters: [a1, a2, a3]\n"+testkit.StaticEndpoints(pods...))
 	gw, err := gateway.New(gateway.Config{Cluster: "c1", Logger: quiet, Options: tier1.Options{MaxMetricsAge: time.Hour}}, s)
 	if err != nil {
 		t.Fatal(err)
@@ -339,45 +316,13 @@ func TestSubscribeBadAddress(t *testing.T) {
 // TestPodPrefixRatio: with no index estimate, the digest carries the hit
 // ratio the pods themselves count, over the publications in the window.
 func TestPodPrefixRatio(t *testing.T) {
-	prof, err := sim.LookupProfile("h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pods, err := sim.StartPods(context.Background(), sim.PodSpec{
-		Pod: sim.PodConfig{Name: "chat", Profile: prof, Model: "chat-model"}, TimeScale: 100, DefaultMaxTokens: 2}, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, lp := range pods {
-			lp.Close()
-		}
-	}()
-	y := `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  schedulers:
-  - {name: chat, modelName: chat-model, modelSelector: {matchLabels: {pool: chat}}}
----
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-`
+	pods := simtest.StartPods(t, sim.PodSpec{
+		Pod: sim.PodConfig{Name: "chat", Profile: simtest.Profile(t, "h100"), Model: "chat-model"}, TimeScale: 100, DefaultMaxTokens: 2}, 2)
+	var eps []testkit.Endpoint
 	for _, lp := range pods {
-		y += fmt.Sprintf("  - {name: %s, address: %q, labels: {pool: chat}}\n", lp.Name(), lp.Addr())
+		eps = append(eps, testkit.Endpoint{Name: lp.Name(), Address: lp.Addr(), Pool: "chat"})
 	}
-	docs, errs := config.Decode("test.yaml", []byte(y))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	snap, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := testkit.Snapshot(t, 1, testkit.ChatGateway+testkit.StaticEndpoints(eps...))
 	gw, err := gateway.New(gateway.Config{Cluster: "c1", Logger: quiet, Scrape: scrape.Config{Interval: 10 * time.Millisecond}}, snap)
 	if err != nil {
 		t.Fatal(err)
@@ -423,22 +368,8 @@ spec:
 	}
 }
 
-// counter reads one counter, by its single label's value, from a registry.
-func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+// counter reads one counter, by its reason label, from a registry.
+func counter(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == label {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return testkit.Metric(t, reg, name, map[string]string{"reason": reason})
 }

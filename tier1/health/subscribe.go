@@ -3,14 +3,15 @@ package health
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
+	expbackoff "github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
+	"github.com/meridian-router/meridian/internal/loop"
 )
 
 // SubscribeOption tunes Subscribe.
@@ -78,7 +79,9 @@ func Subscribe(ctx context.Context, addr string, fn func(*tier1v1.ClusterDigest)
 	}
 	defer conn.Close()
 	client := tier1v1.NewPoolHealthClient(conn)
-	backoff := c.minBackoff
+	// Jittered ([d/2, 3d/2]) exponential backoff, from the start again
+	// after a stream that delivered.
+	retry := &expbackoff.ExponentialBackOff{InitialInterval: c.minBackoff, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: c.maxBackoff}
 	for {
 		got, err := watchOnce(ctx, client, c.name, fn)
 		if ctx.Err() != nil {
@@ -88,16 +91,11 @@ func Subscribe(ctx context.Context, addr string, fn func(*tier1v1.ClusterDigest)
 			c.onError(err)
 		}
 		if got {
-			backoff = c.minBackoff
+			retry.Reset()
 		}
-		t := time.NewTimer(backoff/2 + rand.N(backoff))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !loop.Sleep(ctx, retry.NextBackOff()) {
 			return ctx.Err()
-		case <-t.C:
 		}
-		backoff = min(2*backoff, c.maxBackoff)
 	}
 }
 

@@ -26,11 +26,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	expbackoff "github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
+	"github.com/meridian-router/meridian/internal/loop"
 	"github.com/meridian-router/meridian/tier1"
 )
 
@@ -182,7 +183,12 @@ func New(cfg Config) (*Exchange, error) {
 // signature of gateway.Config.OnDispatch and takes ownership of
 // ev.Hashes, which it only reads.
 func (x *Exchange) Publish(pool string, ev tier1.PrefixEvent) {
-	it := item{pool: pool, ev: ev}
+	x.enqueue(item{pool: pool, ev: ev})
+}
+
+// enqueue queues it for every peer whose queue has room, and counts it
+// dropped for the others.
+func (x *Exchange) enqueue(it item) {
 	for _, p := range x.peers {
 		select {
 		case p.queue <- it:
@@ -198,15 +204,7 @@ func (x *Exchange) Publish(pool string, ev tier1.PrefixEvent) {
 // gateway.Config.OnInFlight. Counts are absolute, so a dropped one is
 // corrected by the next.
 func (x *Exchange) PublishInFlight(pool, endpoint string, count int64) {
-	it := item{pool: pool, ev: tier1.PrefixEvent{Endpoint: endpoint}, inFlight: true, count: count}
-	for _, p := range x.peers {
-		select {
-		case p.queue <- it:
-		default:
-			p.dropped.Add(1)
-			x.metrics.events.WithLabelValues(p.addr, "dropped").Inc()
-		}
-	}
+	x.enqueue(item{pool: pool, ev: tier1.PrefixEvent{Endpoint: endpoint}, inFlight: true, count: count})
 }
 
 // Register adds the Replicas service to g.
@@ -242,25 +240,20 @@ func (x *Exchange) runPeer(ctx context.Context, p *peer) {
 	}
 	defer conn.Close()
 	client := tier1v1.NewReplicasClient(conn)
-	backoff := x.cfg.MinBackoff
+	// Jittered ([d/2, 3d/2]) exponential backoff.
+	retry := &expbackoff.ExponentialBackOff{InitialInterval: x.cfg.MinBackoff, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: x.cfg.MaxBackoff}
 	for ctx.Err() == nil {
 		opened, err := x.stream(ctx, client, p)
 		if ctx.Err() != nil {
 			return
 		}
 		if opened {
-			backoff = x.cfg.MinBackoff // the peer was up: start over
+			retry.Reset() // the peer was up: start over
 		}
 		x.log.Debug("tier1: peer stream ended; reconnecting", "peer", p.addr, "error", err)
-		wait := backoff/2 + rand.N(backoff)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !loop.Sleep(ctx, retry.NextBackOff()) {
 			return
-		case <-t.C:
 		}
-		backoff = min(2*backoff, x.cfg.MaxBackoff)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/sim/simtest"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/peers"
@@ -36,16 +37,7 @@ var race = flag.Bool("race-events", false, "TestReplicasShareIndex: do not wait 
 
 var quiet = slog.New(slog.DiscardHandler)
 
-const gatewayYAML = `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
-    scoring: %s
+const gatewayYAML = testkit.ChatGateway + `    scoring: %s
     # Prefix-led weights (GIE's profile): these tests measure the shared
     # prefix index, not the latency model, whose per-replica learning
     # would add noise to the hit ratios on a loaded machine.
@@ -54,43 +46,20 @@ spec:
 
 func startPods(tb testing.TB, k int) []*sim.LivePod {
 	tb.Helper()
-	p, err := sim.LookupProfile("h100")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pods, err := sim.StartPods(context.Background(), sim.PodSpec{
-		Pod:              sim.PodConfig{Name: "chat", Profile: p, Model: "chat-model"},
+	return simtest.StartPods(tb, sim.PodSpec{
+		Pod:              sim.PodConfig{Name: "chat", Profile: simtest.Profile(tb, "h100"), Model: "chat-model"},
 		TimeScale:        100,
 		DefaultMaxTokens: 4,
 	}, k)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		for _, lp := range pods {
-			lp.Close()
-		}
-	})
-	return pods
 }
 
 func snapshot(tb testing.TB, scoring string, pods []*sim.LivePod) *config.Snapshot {
 	tb.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, gatewayYAML, scoring)
-	b.WriteString("---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints\nmetadata: {name: pods}\nspec:\n  endpoints:\n")
+	var eps []testkit.Endpoint
 	for _, lp := range pods {
-		fmt.Fprintf(&b, "  - {name: %s, address: %q, labels: {pool: chat}}\n", lp.Name(), lp.Addr())
+		eps = append(eps, testkit.Endpoint{Name: lp.Name(), Address: lp.Addr(), Pool: "chat"})
 	}
-	docs, errs := config.Decode("test.yaml", []byte(b.String()))
-	if len(errs) > 0 {
-		tb.Fatal(errs)
-	}
-	s, err := config.Build(docs, 1)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return s
+	return testkit.Snapshot(tb, 1, fmt.Sprintf(gatewayYAML, scoring)+testkit.StaticEndpoints(eps...))
 }
 
 // replica is one Tier-1 replica: a gateway, its standalone proxy, and
@@ -312,22 +281,8 @@ func TestReplicasShareIndex(t *testing.T) {
 // to apply prefix events to.
 func idleGateway(t testing.TB) *gateway.Gateway {
 	t.Helper()
-	y := fmt.Sprintf(gatewayYAML, "meridian") + `---
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-  - {name: pod-a, address: "10.0.0.1:8000", labels: {pool: chat}}
-`
-	docs, errs := config.Decode("test.yaml", []byte(y))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	s, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testkit.Snapshot(t, 1, fmt.Sprintf(gatewayYAML, "meridian")+
+		testkit.StaticEndpoints(testkit.Endpoint{Name: "pod-a", Address: "10.0.0.1:8000", Pool: "chat"}))
 	gw, err := gateway.New(gateway.Config{Cluster: "c1", Logger: quiet}, s)
 	if err != nil {
 		t.Fatal(err)

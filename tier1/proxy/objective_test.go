@@ -1,11 +1,9 @@
 package proxy_test
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
-	"github.com/meridian-router/meridian/tier1/proxy"
 	"github.com/meridian-router/meridian/tier1/scrape"
 )
 
@@ -63,11 +60,7 @@ func TestObjectiveByNameOverHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	gw.Start(ctx, nil)
-	srv := httptest.NewServer((&proxy.Proxy{Gateway: gw, Logger: quiet}).Handler())
-	t.Cleanup(srv.Close)
+	srv := serve(t, gw)
 	(&platform{gw: gw}).waitScraped(t)
 
 	decisions := func() map[string]float64 {

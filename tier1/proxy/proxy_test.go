@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/sim/simtest"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/proxy"
@@ -34,24 +36,11 @@ type platform struct {
 
 func startPods(t *testing.T, profile, model string, adapters []string, k int) []*sim.LivePod {
 	t.Helper()
-	p, err := sim.LookupProfile(profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pods, err := sim.StartPods(t.Context(), sim.PodSpec{
-		Pod:              sim.PodConfig{Name: model, Profile: p, Model: model, Adapters: adapters},
+	return simtest.StartPods(t, sim.PodSpec{
+		Pod:              sim.PodConfig{Name: model, Profile: simtest.Profile(t, profile), Model: model, Adapters: adapters},
 		TimeScale:        50,
 		DefaultMaxTokens: 8,
 	}, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, lp := range pods {
-			lp.Close()
-		}
-	})
-	return pods
 }
 
 const gatewayYAML = `apiVersion: meridian.dev/v1alpha1
@@ -91,24 +80,13 @@ func snapshot(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev 
 // "---").
 func snapshotWith(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev int64, extra string) *config.Snapshot {
 	t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, gatewayYAML, weights)
-	b.WriteString("---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints\nmetadata: {name: pods}\nspec:\n  endpoints:\n")
+	var eps []testkit.Endpoint
 	for pool, lps := range pods {
 		for _, lp := range lps {
-			fmt.Fprintf(&b, "  - {name: %s-%s, address: %q, labels: {pool: %s}}\n", pool, strings.ReplaceAll(lp.Addr(), ":", "-"), lp.Addr(), pool)
+			eps = append(eps, testkit.Endpoint{Name: pool + "-" + strings.ReplaceAll(lp.Addr(), ":", "-"), Address: lp.Addr(), Pool: pool})
 		}
 	}
-	b.WriteString(extra)
-	docs, errs := config.Decode("test.yaml", []byte(b.String()))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	s, err := config.Build(docs, rev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return testkit.Snapshot(t, rev, fmt.Sprintf(gatewayYAML, weights)+testkit.StaticEndpoints(eps...)+extra)
 }
 
 func newPlatform(t *testing.T, weights string) *platform {
@@ -138,14 +116,22 @@ func newPlatformOf(t *testing.T, weights string, maxAge time.Duration, pods map[
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.gw = gw
+	p.srv = serve(t, gw)
+	p.waitScraped(t)
+	return p
+}
+
+// serve starts gw and a standalone proxy in front of it on loopback, both
+// stopped when the test ends.
+func serve(t *testing.T, gw *gateway.Gateway) *httptest.Server {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	gw.Start(ctx, nil)
-	p.gw = gw
-	p.srv = httptest.NewServer((&proxy.Proxy{Gateway: gw, Logger: quiet}).Handler())
-	t.Cleanup(p.srv.Close)
-	p.waitScraped(t)
-	return p
+	srv := httptest.NewServer((&proxy.Proxy{Gateway: gw, Logger: quiet}).Handler())
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 // waitScraped waits until every endpoint has been scraped once.

@@ -14,12 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/sim/simtest"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
-	"github.com/meridian-router/meridian/tier1/proxy"
 	"github.com/meridian-router/meridian/tier1/scrape"
 )
 
@@ -125,12 +124,8 @@ func TestLiveAgainstLeastOutstanding(t *testing.T) {
 
 func startLivePods(t *testing.T, profile string, k int) []*sim.LivePod {
 	t.Helper()
-	p, err := sim.LookupProfile(profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pods, err := sim.StartPods(t.Context(), sim.PodSpec{
-		Pod:       sim.PodConfig{Name: profile, Profile: p, Model: "chat-model"},
+	return simtest.StartPods(t, sim.PodSpec{
+		Pod:       sim.PodConfig{Name: profile, Profile: simtest.Profile(t, profile), Model: "chat-model"},
 		TimeScale: 1,
 		OnOutcome: func(o sim.Outcome) {
 			if o.Err != nil {
@@ -138,49 +133,17 @@ func startLivePods(t *testing.T, profile string, k int) []*sim.LivePod {
 			}
 		},
 	}, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, lp := range pods {
-			lp.Close()
-		}
-	})
-	return pods
 }
 
 // meridianFront is Tier-1's proxy as `meridian tier1` runs it, with the
 // shipped defaults: a scheduler that names no weights, the binary's
 // --scrape-interval (50 ms) and --max-metrics-age (1 s).
 func meridianFront(t *testing.T, pods []*sim.LivePod) string {
-	var b strings.Builder
-	b.WriteString(`apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
----
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-`)
+	eps := make([]testkit.Endpoint, len(pods))
 	for i, lp := range pods {
-		fmt.Fprintf(&b, "  - {name: pod-%d, address: %q, labels: {pool: chat}}\n", i, lp.Addr())
+		eps[i] = testkit.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: lp.Addr(), Pool: "chat"}
 	}
-	docs, errs := config.Decode("test.yaml", []byte(b.String()))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	snap, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := testkit.Snapshot(t, 1, testkit.ChatGateway+testkit.StaticEndpoints(eps...))
 	gw, err := gateway.New(gateway.Config{
 		Cluster: "c1",
 		Logger:  quiet,
@@ -190,11 +153,7 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	gw.Start(ctx, nil)
-	srv := httptest.NewServer((&proxy.Proxy{Gateway: gw, Logger: quiet}).Handler())
-	t.Cleanup(srv.Close)
+	srv := serve(t, gw)
 	p := &platform{gw: gw}
 	p.waitScraped(t)
 	testkit.Eventually(t, "every pod's /v1/models read", func() bool {

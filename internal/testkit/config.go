@@ -1,0 +1,84 @@
+package testkit
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/meridian-router/meridian/config"
+)
+
+// Snapshot decodes YAML configuration documents and builds them into the
+// configuration at revision rev, failing tb on any decoding or build error.
+func Snapshot(tb testing.TB, rev int64, yaml string) *config.Snapshot {
+	tb.Helper()
+	return SnapshotFile(tb, "test.yaml", rev, yaml)
+}
+
+// SnapshotFile is Snapshot of documents read as if from the file at path:
+// errors name it, and files they refer to by a relative name (jwksFile)
+// are beside it.
+func SnapshotFile(tb testing.TB, path string, rev int64, yaml string) *config.Snapshot {
+	tb.Helper()
+	docs, errs := config.Decode(path, []byte(yaml))
+	if len(errs) > 0 {
+		tb.Fatal(errs)
+	}
+	s, err := config.Build(docs, rev)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// Endpoint is one endpoint of a StaticEndpoints document: its name,
+// address (host:port) and pool label.
+type Endpoint struct{ Name, Address, Pool string }
+
+// StaticEndpoints is a StaticEndpoints document named "pods" that lists
+// eps, each labelled {pool: Pool}, as YAML that starts with the document
+// separator "---" (to append to other documents).
+func StaticEndpoints(eps ...Endpoint) string {
+	var b strings.Builder
+	b.WriteString("---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints\nmetadata: {name: pods}\nspec:\n  endpoints:\n")
+	for _, ep := range eps {
+		fmt.Fprintf(&b, "  - {name: %s, address: %q, labels: {pool: %s}}\n", ep.Name, ep.Address, ep.Pool)
+	}
+	return b.String()
+}
+
+// ChatGateway is cluster c1's InferenceGatewayConfig with one scheduler,
+// "chat", that routes chat-model to the pods labelled {pool: chat}. It
+// ends inside the scheduler: more of its settings (indented four spaces)
+// may follow, then other documents.
+const ChatGateway = `apiVersion: meridian.dev/v1alpha1
+kind: InferenceGatewayConfig
+metadata: {name: c1}
+spec:
+  cluster: c1
+  schedulers:
+  - name: chat
+    modelName: chat-model
+    modelSelector: {matchLabels: {pool: chat}}
+`
+
+// ChatRewrite is the head of the InferenceModelRewrite "chat": one rule
+// for the public name chat, up to (not including) its targets, which
+// follow at four spaces ("    targets: …").
+const ChatRewrite = `apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceModelRewrite
+metadata: {name: chat}
+spec:
+  rules:
+  - matches: [{model: {value: chat}}]
+`
+
+// JWTAuth is a gateway's spec.auth (at two spaces, as under spec:) that
+// accepts the JWTs of issuer https://auth.example.com/ for audience
+// meridian; the next line of the gateway's spec follows it.
+const JWTAuth = `  auth:
+    jwt:
+      issuer: https://auth.example.com/
+      audiences: [meridian]
+      jwksURL: https://auth.example.com/jwks.json
+`
