@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -40,63 +38,12 @@ import (
 // period, and a gossip change reported as needing a restart. No request
 // of the flowing traffic fails.
 func TestRoutingSettingsReloadLive(t *testing.T) {
-	t.Run("directory", func(t *testing.T) {
+	configtest.Sources(t, configtest.SourceOptions{Logger: slog.New(slog.DiscardHandler), Check: Usable}, func(t *testing.T, start func(string, map[string][]byte) configtest.Live) {
 		h := newReloadHarness(t)
-		dir := t.TempDir()
-		file := filepath.Join(dir, "platform.yaml")
-		write := func(y string) {
-			if err := os.WriteFile(file, []byte(y), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		write(h.yaml(routingStep{}))
 		jwks, _ := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{jwk(h.key)}})
-		if err := os.WriteFile(filepath.Join(dir, "keys.json"), jwks, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		src := &config.DirSource{Dir: dir, Logger: h.quiet, Check: Usable}
-		if err := src.Start(); err != nil {
-			t.Fatal(err)
-		}
-		h.start(t, src.Snapshot(), src.Subscribe())
-		h.scenario(t, func(y string) int64 {
-			write(y)
-			if err := src.Reload(); err != nil {
-				t.Fatalf("directory reload refused: %v", err)
-			}
-			return src.Snapshot().Revision
-		})
-	})
-	t.Run("etcd", func(t *testing.T) {
-		h := newReloadHarness(t)
-		e := configtest.StartEtcd(t)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		store := &config.Store{Client: e.Client, Prefix: config.DefaultPrefix}
-		commit := func(y string) int64 {
-			docs, errs := config.Decode("apply.yaml", []byte(y))
-			if err := errs.Err(); err != nil {
-				t.Fatal(err)
-			}
-			p, err := store.PlanApply(ctx, docs, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rev, err := store.Commit(ctx, p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return rev
-		}
-		commit(h.yaml(routingStep{}))
-		src := &config.EtcdSource{Client: e.Client, CacheFile: filepath.Join(t.TempDir(), "lkg.json"), Logger: h.quiet, Check: Usable}
-		if err := src.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		updates := src.Subscribe()
-		go src.Run(ctx)
-		h.start(t, src.Snapshot(), updates)
-		h.scenario(t, commit)
+		live := start(h.yaml(routingStep{}), map[string][]byte{"keys.json": jwks})
+		h.start(t, live.Snapshot, live.Updates)
+		h.scenario(t, live.Apply)
 	})
 }
 
@@ -600,8 +547,8 @@ type recordingHandler struct {
 }
 
 func (r *recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (r *recordingHandler) WithAttrs([]slog.Attr) slog.Handler      { return r }
-func (r *recordingHandler) WithGroup(string) slog.Handler           { return r }
+func (r *recordingHandler) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *recordingHandler) WithGroup(string) slog.Handler            { return r }
 
 func (r *recordingHandler) Handle(_ context.Context, rec slog.Record) error {
 	r.mu.Lock()

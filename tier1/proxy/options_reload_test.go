@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -43,59 +41,11 @@ import (
 // cache configuration (SGLang's metrics), whose prefix index is sized by
 // lruCapacityPerServer. Every option is set on every scheduler.
 func TestSchedulerOptionsReloadLive(t *testing.T) {
-	t.Run("directory", func(t *testing.T) {
+	configtest.Sources(t, configtest.SourceOptions{Logger: optionsQuiet}, func(t *testing.T, start func(string, map[string][]byte) configtest.Live) {
 		h := newOptionsHarness(t)
-		dir := t.TempDir()
-		file := filepath.Join(dir, "platform.yaml")
-		write := func(y string) {
-			if err := os.WriteFile(file, []byte(y), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		write(h.yaml("", ""))
-		src := &config.DirSource{Dir: dir, Logger: optionsQuiet}
-		if err := src.Start(); err != nil {
-			t.Fatal(err)
-		}
-		h.start(t, src.Snapshot(), src.Subscribe())
-		h.scenario(t, func(y string) int64 {
-			write(y)
-			if err := src.Reload(); err != nil {
-				t.Fatalf("directory reload refused: %v", err)
-			}
-			return src.Snapshot().Revision
-		})
-	})
-	t.Run("etcd", func(t *testing.T) {
-		h := newOptionsHarness(t)
-		e := configtest.StartEtcd(t)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		store := &config.Store{Client: e.Client, Prefix: config.DefaultPrefix}
-		commit := func(y string) int64 {
-			docs, errs := config.Decode("apply.yaml", []byte(y))
-			if err := errs.Err(); err != nil {
-				t.Fatal(err)
-			}
-			p, err := store.PlanApply(ctx, docs, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rev, err := store.Commit(ctx, p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return rev
-		}
-		commit(h.yaml("", ""))
-		src := &config.EtcdSource{Client: e.Client, CacheFile: filepath.Join(t.TempDir(), "lkg.json"), Logger: optionsQuiet}
-		if err := src.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		updates := src.Subscribe()
-		go src.Run(ctx)
-		h.start(t, src.Snapshot(), updates)
-		h.scenario(t, commit)
+		live := start(h.yaml("", ""), nil)
+		h.start(t, live.Snapshot, live.Updates)
+		h.scenario(t, live.Apply)
 	})
 }
 
