@@ -144,8 +144,11 @@ const (
 // none).
 func shingle(text []byte, at int) uint16 {
 	win := text[at:min(len(text), at+maxAnchorScan)]
-	i := bytes.IndexByte(win, '\n')
-	if j := bytes.IndexByte(win, '.'); j >= 0 && (i < 0 || j < i) {
+	// The first '.', then a '\n' only before it: the second scan is short.
+	i := bytes.IndexByte(win, '.')
+	if i < 0 {
+		i = bytes.IndexByte(win, '\n')
+	} else if j := bytes.IndexByte(win[:i], '\n'); j >= 0 {
 		i = j
 	}
 	at += i + 1
