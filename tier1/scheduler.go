@@ -273,17 +273,47 @@ func (s *Scheduler) blockSize() int {
 // since a server shares no cache across models, adapters or salts.
 func (s *Scheduler) Prepare(req *Request, body *request.Body) {
 	sc := s.scratch.Get().(*scratch)
-	defer s.scratch.Put(sc)
+	sc.text = s.PrepareText(req, body, sc.text)
+	s.scratch.Put(sc)
+}
+
+// PrepareText is Prepare building the prompt text it hashes in buf
+// (reusing its capacity), which it returns for the caller to read: in
+// Meridian mode the head of request.AppendPromptText's form that covers
+// the hashed blocks (request.AppendPromptHead with PromptTextLimit bytes),
+// so that a caller who needs the text too does not build it again. The
+// result is empty in GIE mode (the text hashed there is in another form)
+// and for token-id prompts.
+func (s *Scheduler) PrepareText(req *Request, body *request.Body, buf []byte) []byte {
 	req.PromptTokens = body.EstimateTokens()
 	req.MaxTokens = body.MaxTokens
 	if s.gie {
-		sc.text = request.AppendGIEPrompt(sc.text[:0], body)
+		buf = request.AppendGIEPrompt(buf[:0], body)
 		req.Hashes = request.BlockHashes(req.Hashes[:0], request.Seed(req.target(), body.CacheSalt),
-			sc.text, s.blockSize(), s.policy.MaxPrefixBlocks)
-		return
+			buf, s.blockSize(), s.policy.MaxPrefixBlocks)
+		return buf[:0]
 	}
-	req.Hashes, sc.text = request.PrefixHashes(req.Hashes[:0], body, req.target(), s.policy.BlockSize,
-		s.policy.MaxPrefixBlocks, sc.text)
+	req.Hashes, buf = request.PrefixHashes(req.Hashes[:0], body, req.target(), s.policy.BlockSize,
+		s.policy.MaxPrefixBlocks, buf)
+	if body.Kind == request.Completion && body.TokenIDs != nil {
+		return buf[:0] // PrefixHashes left it as it was
+	}
+	return buf
+}
+
+// PromptTextLimit is how many bytes of a prompt's text PrepareText
+// returns at most (all of it when that is shorter), and the block size of
+// req.Hashes over that text; 0, 0 in GIE mode, where PrepareText returns
+// no text.
+func (s *Scheduler) PromptTextLimit() (limit, blockSize int) {
+	if s.gie {
+		return 0, 0
+	}
+	p := &s.policy
+	if p.BlockSize <= 0 || p.MaxPrefixBlocks <= 0 || p.MaxPrefixBlocks > (1<<40)/p.BlockSize {
+		return math.MaxInt, p.BlockSize // PrefixHashes builds the whole text
+	}
+	return p.BlockSize * p.MaxPrefixBlocks, p.BlockSize
 }
 
 // HashText fills req.Hashes from a prompt text already in the form the

@@ -112,6 +112,10 @@ type Gateway struct {
 	pools map[string]*poolState // by scheduler name; survive reloads
 	pods  []discovery.Pod       // Kubernetes pods; nil with static endpoints only
 	ctx   context.Context       // lifetime of scrape loops
+
+	// promptText holds *[]byte: the prompt text the scheduler hashes,
+	// kept for the prompt sketch until the decision is made.
+	promptText sync.Pool
 }
 
 // table is one configuration's routing: immutable, swapped whole.
@@ -175,6 +179,10 @@ func New(cfg Config, snap *config.Snapshot) (*Gateway, error) {
 		scrapeM: scrape.NewMetrics(cfg.Registerer),
 		pools:   map[string]*poolState{},
 		ctx:     context.Background(),
+	}
+	if cfg.Prompts != nil {
+		size := cfg.Prompts.Limit() + 256
+		g.promptText.New = func() any { b := make([]byte, 0, size); return &b }
 	}
 	var err error
 	if g.prio, err = priority.NewMetrics(cfg.Registerer); err != nil {
@@ -475,10 +483,27 @@ func (g *Gateway) decide(r *route, body *request.Body, meta Meta, target, adapte
 	}
 	d.Request.Band = meta.Header.Get(HeaderBand)
 	d.Request.Subset = meta.Subset
-	r.sched.Prepare(&d.Request, body)
+	// The prompt sketch reads the text the scheduler hashes, when it is
+	// the form and covers the head the sketch compares: not built twice.
+	var text *[]byte
+	sketchHashes := false
+	if p := g.cfg.Prompts; p != nil {
+		limit, bs := r.sched.PromptTextLimit()
+		sketchHashes = bs == p.Config().BlockSize
+		if sketchHashes && limit >= p.Limit() {
+			text = g.promptText.Get().(*[]byte)
+			*text = r.sched.PrepareText(&d.Request, body, *text)
+		}
+	}
+	if text == nil {
+		r.sched.Prepare(&d.Request, body)
+	}
 	eps, err := r.sched.Schedule(&d.Request, start, nil)
 	g.metrics.scheduling.WithLabelValues(d.Pool).Observe(g.cfg.Now().Sub(start).Seconds())
 	if err != nil {
+		if text != nil {
+			g.promptText.Put(text)
+		}
 		g.metrics.rejected.WithLabelValues(d.Pool, "no_endpoints").Inc()
 		if errors.Is(err, tier1.ErrContextLength) {
 			// What vLLM itself answers for a prompt beyond max_model_len.
@@ -490,7 +515,18 @@ func (g *Gateway) decide(r *route, body *request.Body, meta Meta, target, adapte
 		return nil, request.Unavailable("no_endpoints", fmt.Sprintf(noEndpointsMessage, target))
 	}
 	d.Endpoints = eps
-	g.cfg.Prompts.Observe(d.Request.Tenant, cmp.Or(d.Adapter, d.Target), body, d.Request.Hashes, start)
+	if text != nil {
+		g.cfg.Prompts.ObserveText(d.Request.Tenant, cmp.Or(d.Adapter, d.Target), *text, d.Request.Hashes, start)
+		g.promptText.Put(text)
+	} else if g.cfg.Prompts != nil {
+		// The sketch reuses the scheduler's hashes only when they are
+		// of its blocks (not in GIE mode, nor with another block size).
+		var hashes []uint64
+		if sketchHashes {
+			hashes = d.Request.Hashes
+		}
+		g.cfg.Prompts.Observe(d.Request.Tenant, cmp.Or(d.Adapter, d.Target), body, hashes, start)
+	}
 	return d, nil
 }
 

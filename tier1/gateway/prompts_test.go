@@ -26,7 +26,18 @@ func stampedBodies(n int) []*request.Body {
 }
 
 func TestDecideFeedsPrompts(t *testing.T) {
-	prompts := hygiene.New(hygiene.Config{Samples: true})
+	// The sketch reads the scheduler's text and hashes (its default
+	// config), or, when they do not cover what it compares, builds the
+	// text itself with the scheduler's hashes (a longer head) or without
+	// them (another block size).
+	for _, cfg := range []hygiene.Config{{}, {MaxBlocks: 512}, {BlockSize: 32}} {
+		cfg.Samples = true
+		t.Run(fmt.Sprintf("blocks=%dx%d", cfg.BlockSize, cfg.MaxBlocks), func(t *testing.T) { testDecideFeedsPrompts(t, cfg) })
+	}
+}
+
+func testDecideFeedsPrompts(t *testing.T, cfg hygiene.Config) {
+	prompts := hygiene.New(cfg)
 	gw, _, _ := newGateway(t, gateway.Config{Prompts: prompts}, "")
 	bodies := stampedBodies(5)
 	for _, b := range bodies {

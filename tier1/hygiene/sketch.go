@@ -144,8 +144,11 @@ const (
 // none).
 func shingle(text []byte, at int) uint16 {
 	win := text[at:min(len(text), at+maxAnchorScan)]
-	i := bytes.IndexByte(win, '\n')
-	if j := bytes.IndexByte(win, '.'); j >= 0 && (i < 0 || j < i) {
+	// The first '.', then a '\n' only before it: the second scan is short.
+	i := bytes.IndexByte(win, '.')
+	if i < 0 {
+		i = bytes.IndexByte(win, '\n')
+	} else if j := bytes.IndexByte(win[:i], '\n'); j >= 0 {
 		i = j
 	}
 	at += i + 1
@@ -157,6 +160,18 @@ func shingle(text []byte, at int) uint16 {
 // a shingle only has to tell content apart, not resist an adversary (a
 // tenant fooling it only hides its own report).
 func mix(b []byte) uint16 {
+	if len(b) == shingleLen {
+		// The common case, in four independent multiplies rather than a
+		// chain of them. A product's high bits depend on every bit of its
+		// word, so the sum's high bits do on all 32 bytes; the final
+		// multiply spreads them before the top 16 are taken.
+		h := (binary.LittleEndian.Uint64(b)^0x243f6a8885a308d3)*0xbf58476d1ce4e5b9 +
+			(binary.LittleEndian.Uint64(b[8:])^0x13198a2e03707344)*0x94d049bb133111eb +
+			(binary.LittleEndian.Uint64(b[16:])^0xa4093822299f31d0)*0x9e3779b97f4a7c15 +
+			(binary.LittleEndian.Uint64(b[24:])^0x082efa98ec4e6c89)*0xd6e8feb86659fd93
+		h ^= h >> 29
+		return uint16((h * 0xbf58476d1ce4e5b9) >> 48)
+	}
 	h := 0x9e3779b97f4a7c15 ^ uint64(len(b))
 	for len(b) >= 8 {
 		h = (h ^ binary.LittleEndian.Uint64(b)) * 0xbf58476d1ce4e5b9
@@ -248,7 +263,6 @@ type Sketch struct {
 
 type scratch struct {
 	text []byte
-	fp   fingerprint
 }
 
 // New returns a Sketch with cfg's settings.
@@ -275,19 +289,47 @@ func (s *Sketch) Config() Config { return s.cfg }
 // reach, they decide how far the prefix matched, at no cost; past them
 // (or when nil) the sketch hashes the blocks itself. A nil Sketch does
 // nothing. Token-id prompts carry no text and are not compared.
+//
+// Observe copies the head of the prompt's text (request.AppendPromptText's
+// form) to compare it; a caller that has built that text already passes
+// it to ObserveText instead.
 func (s *Sketch) Observe(tenant, model string, body *request.Body, hashes []uint64, now time.Time) {
 	if s == nil || body == nil || (body.Kind == request.Completion && body.TokenIDs != nil) {
 		return
 	}
 	sc := s.scratch.Get().(*scratch)
-	defer s.scratch.Put(sc)
+	sc.text = appendPromptHead(sc.text[:0], body, s.Limit())
+	s.observe(tenant, model, sc.text, hashes, now)
+	s.scratch.Put(sc)
+}
+
+// Limit is how many bytes of a prompt's text are compared:
+// BlockSize × MaxBlocks.
+func (s *Sketch) Limit() int { return s.cfg.BlockSize * s.cfg.MaxBlocks }
+
+// ObserveText is Observe on the prompt's text as request.AppendPromptText
+// builds it, or its head of at least Limit() bytes (request.AppendPromptHead),
+// such as the text Tier-1 hashed for routing: nothing is copied. text is
+// only read, and not kept past the call. Empty text (a token-id prompt)
+// is not compared.
+func (s *Sketch) ObserveText(tenant, model string, text []byte, hashes []uint64, now time.Time) {
+	if s == nil {
+		return
+	}
+	s.observe(tenant, model, text[:min(len(text), s.Limit())], hashes, now)
+}
+
+func (s *Sketch) observe(tenant, model string, text []byte, hashes []uint64, now time.Time) {
 	bs := s.cfg.BlockSize
-	limit := bs * s.cfg.MaxBlocks
-	sc.text = appendPromptHead(sc.text[:0], body, limit)
-	text := sc.text
 	n := min(len(text)/bs, s.cfg.MaxBlocks)
-	fp := &sc.fp
+	if n == 0 {
+		return
+	}
+	var fp fingerprint
 	fp.blocks = int32(n)
+	// weights[i] is how many blocks position i stands for in a prompt of
+	// n blocks: up to the next position, or to n.
+	var weights [maxPositions]int32
 	np := 0
 	for np < s.npos && positions[np] < n {
 		p := positions[np]
@@ -297,11 +339,12 @@ func (s *Sketch) Observe(tenant, model string, body *request.Body, hashes []uint
 			fp.sums[np] = uint32(xxhash.Sum64(text[p*bs : (p+1)*bs]))
 		}
 		fp.shingles[np] = shingle(text, p*bs)
+		if np > 0 {
+			weights[np-1] = int32(p - positions[np-1])
+		}
 		np++
 	}
-	if n == 0 {
-		return
-	}
+	weights[np-1] = int32(n - positions[np-1])
 
 	sh := &s.shards[s.shardOf(tenant, model)]
 	sh.mu.Lock()
@@ -325,24 +368,35 @@ func (s *Sketch) Observe(tenant, model string, body *request.Body, hashes []uint
 		if ref.blocks == 0 {
 			continue
 		}
-		m := min(n, int(ref.blocks))
-		cached, shared, diverged := m, 0, false
-		for i := 0; i < np && positions[i] < m; i++ {
-			end := m
-			if i+1 < len(positions) && positions[i+1] < m {
-				end = positions[i+1]
+		m, k, w := n, np, &weights
+		var short [maxPositions]int32
+		if int(ref.blocks) < n {
+			// The earlier prompt is shorter: compare the positions below
+			// its length, the last standing for blocks up to it.
+			m, k, w = int(ref.blocks), 0, &short
+			for k < np && positions[k] < m {
+				short[k] = weights[k]
+				k++
 			}
+			short[k-1] = int32(m - positions[k-1])
+		}
+		shared := int32(0)
+		for i := range k {
 			if fp.shingles[i] == ref.shingles[i] {
-				shared += end - positions[i]
+				shared += w[i]
 			}
-			if fp.sums[i] != ref.sums[i] && !diverged {
-				diverged, cached = true, positions[i]
+		}
+		cached := m
+		for i := range k {
+			if fp.sums[i] != ref.sums[i] {
+				cached = positions[i]
+				break
 			}
 		}
 		bestCached = max(bestCached, cached)
-		bestShared = max(bestShared, shared)
+		bestShared = max(bestShared, int(shared))
 	}
-	e.refs[e.next] = *fp
+	e.refs[e.next] = fp
 	e.next = (e.next + 1) % recent
 	if bestCached < 0 {
 		return // the first prompt: nothing to compare with

@@ -273,6 +273,54 @@ func TestObserveAllocatesNothing(t *testing.T) {
 	if e := find(t, s.Report(t0.Add(2*time.Second), "A", nil), "A", "m"); e.EarlyDivergences < 1000 {
 		t.Fatalf("%+v", e)
 	}
+	texts := make([][]byte, len(bodies))
+	for i, b := range bodies {
+		texts[i] = request.AppendPromptText(nil, b)
+	}
+	i = 0
+	if allocs := testing.AllocsPerRun(1000, func() {
+		i++
+		s.ObserveText("A", "m", texts[i], hashes[i], t0.Add(time.Duration(i)*time.Millisecond))
+	}); allocs != 0 {
+		t.Fatalf("ObserveText allocates %.1f times a request", allocs)
+	}
+}
+
+// TestObserveTextIsObserve: the same prompts through Observe and, as
+// text, through ObserveText give the same report, with and without the
+// scheduler's hashes, for prompts longer than the compared head too.
+func TestObserveTextIsObserve(t *testing.T) {
+	static := staticPrompt()
+	var bodies []*request.Body
+	for i := range 40 {
+		p := fmt.Sprintf("Current time: %08d\n", i) + static
+		if i%3 == 0 {
+			p = static + fmt.Sprintf(" Request %d.", i) // diverges late
+		}
+		if i%5 == 0 {
+			p = strings.Repeat(p, 5) // past MaxBlocks
+		}
+		bodies = append(bodies, chat(p, "hello"), &request.Body{Kind: request.Completion, Prompt: p[i:]})
+	}
+	for _, withHashes := range []bool{false, true} {
+		a, b := New(Config{Samples: true}), New(Config{Samples: true})
+		for i, body := range bodies {
+			var hashes []uint64
+			if withHashes {
+				hashes, _ = request.PrefixHashes(nil, body, "m", 64, 256, nil)
+			}
+			at := t0.Add(time.Duration(i) * time.Second)
+			a.Observe("T", "m", body, hashes, at)
+			b.ObserveText("T", "m", request.AppendPromptText(nil, body), hashes, at)
+		}
+		ra, rb := a.Report(t0.Add(time.Minute), "", nil), b.Report(t0.Add(time.Minute), "", nil)
+		if len(ra.Entries) != 1 || ra.Entries[0].EarlyDivergences == 0 || ra.Entries[0].Sample == "" {
+			t.Fatalf("%+v", ra.Entries)
+		}
+		if fmt.Sprintf("%+v", ra) != fmt.Sprintf("%+v", rb) {
+			t.Errorf("hashes %v: Observe %+v, ObserveText %+v", withHashes, ra, rb)
+		}
+	}
 }
 
 // TestMemoryBoundedPerTenant sends prompts of 10k tenants: each costs a
@@ -465,6 +513,22 @@ func BenchmarkObserve(b *testing.B) {
 			for b.Loop() {
 				i++
 				s.Observe("tenant", "model", bodies[i%64], hashes[i%64], t0)
+			}
+			cpu.Report(b)
+		})
+		// The gateway's path: the text Tier-1 hashed, not copied again.
+		var texts [64][]byte
+		for i := range texts {
+			texts[i] = request.AppendPromptHead(nil, bodies[i], 64*256)
+		}
+		b.Run(tc.name+"/observe-text", func(b *testing.B) {
+			s := New(Config{Samples: true})
+			b.ReportAllocs()
+			cpu := testkit.StartCPU()
+			i := 0
+			for b.Loop() {
+				i++
+				s.ObserveText("tenant", "model", texts[i%64], hashes[i%64], t0)
 			}
 			cpu.Report(b)
 		})
