@@ -515,6 +515,45 @@ func TestLatencyModelLearnsSlowerPod(t *testing.T) {
 	}
 }
 
+// TestPrefillSecondsNeverFree: a pod whose TTFTs happened to be shorter
+// for longer prompts (noise on a loaded host) learns a negative prefill
+// coefficient; PrefillSeconds prices its prefill with the prior's instead
+// of as free, and a pod that learned a positive one with its own. On a
+// loaded machine the hygiene report of cmd/meridian's
+// TestDiagnosePromptsEndToEnd priced 40,336 lost tokens at 0 s this way.
+func TestPrefillSecondsNeverFree(t *testing.T) {
+	m := Metrics{Waiting: 1, Running: 8}
+	pool, eps := newPool(m, m)
+	s := newSched(t, pool, config.ScoringMeridian, config.Weights{PredictedLatency: 1}, "")
+	r := rand.New(rand.NewPCG(3, 3))
+	for range 300 {
+		for j, ep := range eps {
+			tokens := 200 + r.IntN(3000)
+			tk := s.Dispatch(ep, &Request{Model: "llama", PromptTokens: tokens}, t0)
+			ttft := 0.03 + float64(tokens)/8000 // pod 1: 8k tokens/s prefill
+			if j == 0 {
+				ttft = 0.5 - float64(tokens)/10000 // pod 0: faster the longer the prompt
+			}
+			tk.FirstToken(time.Duration(ttft * float64(time.Second)))
+			tk.Done()
+			ep.SetMetrics(&Metrics{Waiting: 1, Running: 8, ScrapedAt: t0})
+		}
+	}
+	if c := eps[0].latency.coef.Load(); c == nil || c[3] >= 0 {
+		t.Fatalf("pod 0 learned %v, want a negative prefill coefficient", c)
+	}
+	if got, want := PrefillSeconds(eps[:1], 1000), latencyPrior[3]; got != want {
+		t.Errorf("pod 0 prices 1000 tokens at %.4fs, want the prior's %.4fs", got, want)
+	}
+	own := PrefillSeconds(eps[1:], 1000)
+	if math.Abs(own-0.125) > 0.01 {
+		t.Errorf("pod 1 prices 1000 tokens at %.4fs, want its learned 0.125s", own)
+	}
+	if got, want := PrefillSeconds(eps, 1000), (latencyPrior[3]+own)/2; math.Abs(got-want) > 1e-12 {
+		t.Errorf("the pool prices 1000 tokens at %.4fs, want the mean %.4fs", got, want)
+	}
+}
+
 func TestMeridianLoraAffinity(t *testing.T) {
 	pool, eps := newPool(
 		Metrics{LoRAReported: true, MaxLoRA: 2, RunningAdapters: []string{"hot1", "hot2"}}, // must evict a hot one
