@@ -437,6 +437,41 @@ func TestFallbacksOrdered(t *testing.T) {
 	}
 }
 
+// TestStaleEndpointsAreLastFallbacks: endpoints avoided for stale metrics
+// follow the fresh ones among the fallbacks, so a fresh primary that fails
+// is retried on a ready pod. With only the fresh pod as a candidate, a 5xx
+// from it reached the caller (tier1/proxy TestFallbackOnFailingPod under
+// load: the two good pods had missed a scrape, the failing one had not).
+func TestStaleEndpointsAreLastFallbacks(t *testing.T) {
+	stale := t0.Add(-10 * time.Second)
+	for _, tc := range []struct {
+		name string
+		pods []Metrics
+		want string
+	}{
+		{"one fresh", []Metrics{{ScrapedAt: stale}, {Waiting: 3}, {ScrapedAt: stale}}, "p1,p0,p2"},
+		{"fresh fill the fallbacks", []Metrics{{ScrapedAt: stale}, {Waiting: 3}, {Waiting: 1}, {}, {ScrapedAt: stale}}, "p3,p2,p1"},
+		{"two fresh", []Metrics{{ScrapedAt: stale}, {Waiting: 3}, {Waiting: 1}}, "p2,p1,p0"},
+		{"all stale", []Metrics{{ScrapedAt: stale, Waiting: 3}, {ScrapedAt: stale}}, "p1,p0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, _ := newPool(tc.pods...)
+			s := newSched(t, pool, config.ScoringMeridian, config.Weights{Queue: 1}, "")
+			got, err := s.Schedule(&Request{Model: "llama"}, t0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, ep := range got {
+				ids = append(ids, ep.ID)
+			}
+			if strings.Join(ids, ",") != tc.want {
+				t.Fatalf("picked %v, want %s", ids, tc.want)
+			}
+		})
+	}
+}
+
 func TestPickers(t *testing.T) {
 	// Ties break at random.
 	pool, _ := newPool(Metrics{}, Metrics{}, Metrics{}, Metrics{})
