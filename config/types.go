@@ -186,7 +186,8 @@ type SchedulerOptions struct {
 	// returns for retries before the first byte. Default 2; -1 means none.
 	Fallbacks int `json:"fallbacks,omitempty"`
 	// MaxMetricsAge is how old a pod's last scrape may be before the pod
-	// is avoided (all stale: all used). Default 1s (20 scrapes of 50 ms).
+	// is avoided: only a last fallback (all stale: all used). Default 1s
+	// (20 scrapes of 50 ms).
 	MaxMetricsAge Duration `json:"maxMetricsAge,omitempty"`
 	// QueueHalf and RunningHalf are the waiting and running requests
 	// (scraped plus dispatched since the scrape: Tier-1's in-flight

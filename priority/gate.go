@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -214,6 +215,7 @@ type Ticket struct {
 
 	g    *Gate
 	once sync.Once
+	seen atomic.Bool
 }
 
 // Done releases the ticket's capacity.
@@ -221,7 +223,20 @@ func (t *Ticket) Done() {
 	if t == nil || t.g == nil {
 		return
 	}
-	t.once.Do(func() { t.g.done() })
+	t.once.Do(func() { t.g.finish(t.seen.CompareAndSwap(false, true)) })
+}
+
+// Seen tells the Gate that the admitted request is now visible to the
+// pool's observations (a caller counts it as pending or in flight where
+// its saturation is computed), for ObserveSince. It is idempotent; Done
+// implies it.
+func (t *Ticket) Seen() {
+	if t == nil || t.g == nil || !t.seen.CompareAndSwap(false, true) {
+		return
+	}
+	t.g.mu.Lock()
+	t.g.seen++
+	t.g.mu.Unlock()
 }
 
 // Admitter is what the request path needs from admission; *Gate and
@@ -266,6 +281,10 @@ type Gate struct {
 
 	obs      Saturation
 	inflight int // admitted minus finished since the last observation
+	// granted counts tickets handed out and seen those of them declared
+	// visible to observations (Ticket.Seen, or done): ObserveSince keeps
+	// counting the ones an observation could not include.
+	granted, seen uint64
 
 	bands  [numBands]bandQueue // Sheddable's stays empty
 	queued int
@@ -363,11 +382,34 @@ func (g *Gate) setConfig(c Config) {
 // Observe reports the pool's saturation from fresh metrics and lets
 // waiters in if there is headroom. Call it on every metrics update
 // (Tier-1: each scrape; Tier-2: each digest).
-func (g *Gate) Observe(s Saturation) {
+func (g *Gate) Observe(s Saturation) { g.observe(s, false, 0) }
+
+// Mark returns how many admitted requests have been declared visible to
+// observations so far (Ticket.Seen). Take it before computing the
+// saturation handed to ObserveSince.
+func (g *Gate) Mark() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.seen
+}
+
+// ObserveSince is Observe for a saturation computed after Mark returned
+// mark, by an observer that counts every request whose ticket is Seen
+// (Tier-1: as pending, then in flight on its pod). The requests admitted
+// but not Seen by mark (between Admit and being counted, or admitted
+// since) cannot be in s, and stay counted as admitted since the
+// observation; Observe would forget them, and let that many more in until
+// the pod's metrics showed them.
+func (g *Gate) ObserveSince(s Saturation, mark uint64) { g.observe(s, true, mark) }
+
+func (g *Gate) observe(s Saturation, since bool, mark uint64) {
 	g.mu.Lock()
 	g.init()
 	g.obs = s
 	g.inflight = 0
+	if since {
+		g.inflight = int(g.granted - min(mark, g.granted))
+	}
 	g.m.observe(s)
 	var rel releases
 	g.dispatch(&rel)
@@ -375,8 +417,15 @@ func (g *Gate) Observe(s Saturation) {
 	rel.run()
 }
 
-func (g *Gate) done() {
+func (g *Gate) done() { g.finish(false) }
+
+// finish ends one admitted request; seen when its ticket had not been
+// Seen, which Done implies.
+func (g *Gate) finish(seen bool) {
 	g.mu.Lock()
+	if seen {
+		g.seen++
+	}
 	g.inflight--
 	var rel releases
 	g.dispatch(&rel)
@@ -483,6 +532,7 @@ func (g *Gate) now(r Request) (t *Ticket, err error, ok bool) {
 		return nil, fmt.Errorf("priority: negative request size %d", r.Bytes), true
 	case g.headroom(b) && g.waiting(b) == 0 && (b != Sheddable || g.obs.Known()):
 		g.inflight++
+		g.granted++
 		g.mu.Unlock()
 		g.m.admitted(b, g.Tenants.label(r.Tenant), 0)
 		return &Ticket{Band: b, g: g}, nil, true
@@ -636,6 +686,7 @@ func (g *Gate) dispatch(rel *releases) {
 		}
 		g.remove(w)
 		g.inflight++
+		g.granted++
 		waited := g.clock.Now().Sub(w.enqueued)
 		t := &Ticket{Band: w.req.Band, Waited: waited, g: g}
 		g.m.admitted(w.req.Band, w.flow.label, waited)

@@ -236,6 +236,68 @@ func TestTicketDoneFreesSlot(t *testing.T) {
 	}
 }
 
+// TestObserveSinceKeepsUnseenAdmissions: an observation computed while
+// admitted requests were not yet visible to it (Tier-1: between Admit and
+// being counted as pending) must not forget them. Observe resets the
+// Gate's count of admitted requests, and let two more in than the pool has
+// room for here; ObserveSince keeps counting those not Seen by the mark.
+func TestObserveSinceKeepsUnseenAdmissions(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		since bool
+		want  int // admitted of 6, with room for 4
+	}{{"Observe forgets them", false, 6}, {"ObserveSince keeps them", true, 4}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &Gate{}
+			g.Observe(slots(4))
+			o := newOutcome()
+			mark := g.Mark()
+			o.submit(g, "a", Request{Tenant: "t", Band: Critical})
+			o.submit(g, "b", Request{Tenant: "t", Band: Critical})
+			// The observer computed slots(4) before a and b were counted
+			// anywhere it looks.
+			if tc.since {
+				g.ObserveSince(slots(4), mark)
+			} else {
+				g.Observe(slots(4))
+			}
+			for _, n := range []string{"c", "d", "e", "f"} {
+				o.submit(g, n, Request{Tenant: "t", Band: Critical})
+			}
+			if len(o.seq) != tc.want {
+				t.Fatalf("admitted %v, want %d", o.seq, tc.want)
+			}
+			if !tc.since {
+				return
+			}
+			// a and b are now counted by the observer (Seen); c and d are
+			// not yet: an observation that includes a and b only still
+			// counts c and d, so the pool stays full.
+			o.tk["a"].Seen()
+			o.tk["b"].Seen()
+			o.tk["b"].Seen() // idempotent
+			mark = g.Mark()
+			g.ObserveSince(Saturation{Value: 0.5, PerRequest: 0.25, Fresh: 1}, mark)
+			if len(o.seq) != 4 || g.Len() != 2 {
+				t.Fatalf("after a and b were seen: admitted %v, %d queued; want 4 and 2", o.seq, g.Len())
+			}
+			// A ticket done before it was seen counts as seen: c finishing
+			// frees its slot, and the next observation does not count it.
+			o.tk["c"].Done()
+			if len(o.seq) != 5 {
+				t.Fatalf("after c finished: admitted %v, want e let in", o.seq)
+			}
+			o.tk["d"].Seen()
+			o.tk["e"].Seen()
+			mark = g.Mark()
+			g.ObserveSince(Saturation{Value: 1, PerRequest: 0.25, Fresh: 1}, mark) // a, b, d, e
+			if len(o.seq) != 5 || g.Len() != 1 {
+				t.Fatalf("full again: admitted %v, %d queued; want 5 and 1", o.seq, g.Len())
+			}
+		})
+	}
+}
+
 func TestTimeouts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := &Gate{}

@@ -180,6 +180,9 @@ func TestStoreExpiry(t *testing.T) {
 				t.Errorf("%s digest accepted", name)
 			}
 		}
+		if st := s.Stats(); st.Implausible != 2 || st.Rejected != 0 {
+			t.Errorf("stats %+v: want the 2 misdated digests counted implausible, none invalid", st)
+		}
 	})
 }
 

@@ -28,9 +28,10 @@ type DigestStore struct {
 	publish  func(key string, payload []byte) error
 	onChange func()
 
-	rejected  atomic.Uint64
-	publishes atomic.Uint64
-	pubErrors atomic.Uint64
+	rejected    atomic.Uint64
+	implausible atomic.Uint64
+	publishes   atomic.Uint64
+	pubErrors   atomic.Uint64
 }
 
 type storeEntry struct {
@@ -101,6 +102,7 @@ func (s *DigestStore) Put(d Digest) (bool, error) {
 func (s *DigestStore) accept(e *storeEntry) bool {
 	now := s.now()
 	if !s.plausible(&e.d, now) {
+		s.implausible.Add(1)
 		return false
 	}
 	e.received = now
@@ -252,12 +254,16 @@ func (s *DigestStore) Merge(from string, payload []byte) {
 
 // StoreStats counts what a DigestStore refused and sent.
 type StoreStats struct {
-	Rejected      uint64 // invalid digests from Put or peers
+	Rejected uint64 // invalid digests from Put or peers
+	// Implausible counts digests refused because their producer's
+	// timestamp is further from this store's clock than DigestMaxAge plus
+	// MaxClockSkew (a broken clock, or a replay).
+	Implausible   uint64
 	Published     uint64
 	PublishErrors uint64
 }
 
 // Stats returns the store's counters.
 func (s *DigestStore) Stats() StoreStats {
-	return StoreStats{s.rejected.Load(), s.publishes.Load(), s.pubErrors.Load()}
+	return StoreStats{s.rejected.Load(), s.implausible.Load(), s.publishes.Load(), s.pubErrors.Load()}
 }

@@ -160,19 +160,24 @@ func (m *latencyModel) observations() int64 {
 // PrefillSeconds prices tokens uncached prompt tokens with the latency
 // model: θ3·tokens/1000, θ3 averaged over eps' learned coefficients (the
 // prior's when eps is empty). It is what a prompt that missed the prefix
-// cache pays in time to first token, all else equal.
+// cache pays in time to first token, all else equal. An endpoint whose
+// learned θ3 is not positive is priced with the prior's: prefilling more
+// never makes a first token come sooner, so such a θ3 only says that
+// noise (a host starved of CPU, queueing the features miss) drowned the
+// prefill cost in its TTFTs, and a price of 0 would report lost cache
+// hits as free.
 func PrefillSeconds(eps []*Endpoint, tokens float64) float64 {
 	perK := latencyPrior[3]
 	if len(eps) > 0 {
 		perK = 0
 		for _, ep := range eps {
 			c := ep.latency.coef.Load()
-			if c == nil {
+			if c == nil || c[3] <= 0 {
 				c = &latencyPrior
 			}
 			perK += c[3]
 		}
 		perK /= float64(len(eps))
 	}
-	return max(perK, 0) * tokens / 1000
+	return perK * tokens / 1000
 }

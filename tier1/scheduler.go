@@ -50,8 +50,9 @@ type Options struct {
 	// candidates.
 	Fallbacks int
 	// MaxMetricsAge is how old an endpoint's last scrape may be before the
-	// endpoint is avoided. When every candidate is older, all are used
-	// (fail open: a scraper outage must not take the pool down). Default
+	// endpoint is avoided: it is only a fallback, after the fresh ones.
+	// When every candidate is older, all are used (fail open: a scraper
+	// outage must not take the pool down). Default
 	// 1s: 20 missed scrapes at the usual 50ms interval. GIE's 200ms bound
 	// is known to be too tight; a larger bound only matters when a scraper
 	// is stuck, since the accounting since the scrape covers the gap.
@@ -349,7 +350,19 @@ func (s *Scheduler) Schedule(req *Request, now time.Time, dst []*Endpoint) ([]*E
 	if err := s.score(req, now, sc, false); err != nil {
 		return dst, err
 	}
-	return s.pick(sc, dst), nil
+	start := len(dst)
+	dst = s.pick(sc, dst)
+	// Endpoints avoided for stale metrics are the last fallbacks, so that
+	// a fresh primary failing before its first byte (a pod answering 5xx)
+	// is still retried on a ready pod when its others missed a scrape or
+	// two, rather than answered with its error.
+	for _, ep := range sc.stale {
+		if len(dst)-start > s.opts.Fallbacks {
+			break
+		}
+		dst = append(dst, ep)
+	}
+	return dst, nil
 }
 
 // Score is one candidate's evaluation, for debugging and tests.
@@ -414,6 +427,7 @@ func (s *Scheduler) filter(req *Request, now time.Time, set *endpointSet, sc *sc
 	}
 	if len(sc.cands) == 0 {
 		sc.cands = append(sc.cands, sc.stale...)
+		sc.stale = sc.stale[:0] // candidates now, not last resorts
 	}
 	if len(sc.cands) == 0 {
 		if tooLong > 0 {

@@ -437,6 +437,41 @@ func TestFallbacksOrdered(t *testing.T) {
 	}
 }
 
+// TestStaleEndpointsAreLastFallbacks: endpoints avoided for stale metrics
+// follow the fresh ones among the fallbacks, so a fresh primary that fails
+// is retried on a ready pod. With only the fresh pod as a candidate, a 5xx
+// from it reached the caller (tier1/proxy TestFallbackOnFailingPod under
+// load: the two good pods had missed a scrape, the failing one had not).
+func TestStaleEndpointsAreLastFallbacks(t *testing.T) {
+	stale := t0.Add(-10 * time.Second)
+	for _, tc := range []struct {
+		name string
+		pods []Metrics
+		want string
+	}{
+		{"one fresh", []Metrics{{ScrapedAt: stale}, {Waiting: 3}, {ScrapedAt: stale}}, "p1,p0,p2"},
+		{"fresh fill the fallbacks", []Metrics{{ScrapedAt: stale}, {Waiting: 3}, {Waiting: 1}, {}, {ScrapedAt: stale}}, "p3,p2,p1"},
+		{"two fresh", []Metrics{{ScrapedAt: stale}, {Waiting: 3}, {Waiting: 1}}, "p2,p1,p0"},
+		{"all stale", []Metrics{{ScrapedAt: stale, Waiting: 3}, {ScrapedAt: stale}}, "p1,p0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, _ := newPool(tc.pods...)
+			s := newSched(t, pool, config.ScoringMeridian, config.Weights{Queue: 1}, "")
+			got, err := s.Schedule(&Request{Model: "llama"}, t0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, ep := range got {
+				ids = append(ids, ep.ID)
+			}
+			if strings.Join(ids, ",") != tc.want {
+				t.Fatalf("picked %v, want %s", ids, tc.want)
+			}
+		})
+	}
+}
+
 func TestPickers(t *testing.T) {
 	// Ties break at random.
 	pool, _ := newPool(Metrics{}, Metrics{}, Metrics{}, Metrics{})
@@ -512,6 +547,45 @@ func TestLatencyModelLearnsSlowerPod(t *testing.T) {
 	}
 	if n := eps[0].latency.observations(); n != 300 {
 		t.Fatalf("%d observations, want 300", n)
+	}
+}
+
+// TestPrefillSecondsNeverFree: a pod whose TTFTs happened to be shorter
+// for longer prompts (noise on a loaded host) learns a negative prefill
+// coefficient; PrefillSeconds prices its prefill with the prior's instead
+// of as free, and a pod that learned a positive one with its own. On a
+// loaded machine the hygiene report of cmd/meridian's
+// TestDiagnosePromptsEndToEnd priced 40,336 lost tokens at 0 s this way.
+func TestPrefillSecondsNeverFree(t *testing.T) {
+	m := Metrics{Waiting: 1, Running: 8}
+	pool, eps := newPool(m, m)
+	s := newSched(t, pool, config.ScoringMeridian, config.Weights{PredictedLatency: 1}, "")
+	r := rand.New(rand.NewPCG(3, 3))
+	for range 300 {
+		for j, ep := range eps {
+			tokens := 200 + r.IntN(3000)
+			tk := s.Dispatch(ep, &Request{Model: "llama", PromptTokens: tokens}, t0)
+			ttft := 0.03 + float64(tokens)/8000 // pod 1: 8k tokens/s prefill
+			if j == 0 {
+				ttft = 0.5 - float64(tokens)/10000 // pod 0: faster the longer the prompt
+			}
+			tk.FirstToken(time.Duration(ttft * float64(time.Second)))
+			tk.Done()
+			ep.SetMetrics(&Metrics{Waiting: 1, Running: 8, ScrapedAt: t0})
+		}
+	}
+	if c := eps[0].latency.coef.Load(); c == nil || c[3] >= 0 {
+		t.Fatalf("pod 0 learned %v, want a negative prefill coefficient", c)
+	}
+	if got, want := PrefillSeconds(eps[:1], 1000), latencyPrior[3]; got != want {
+		t.Errorf("pod 0 prices 1000 tokens at %.4fs, want the prior's %.4fs", got, want)
+	}
+	own := PrefillSeconds(eps[1:], 1000)
+	if math.Abs(own-0.125) > 0.01 {
+		t.Errorf("pod 1 prices 1000 tokens at %.4fs, want its learned 0.125s", own)
+	}
+	if got, want := PrefillSeconds(eps, 1000), (latencyPrior[3]+own)/2; math.Abs(got-want) > 1e-12 {
+		t.Errorf("the pool prices 1000 tokens at %.4fs, want the mean %.4fs", got, want)
 	}
 }
 

@@ -62,6 +62,9 @@ type InstanceConfig struct {
 	// Canary configures the canary analysis (tier2/canary.go); its
 	// Instance, Region, Registerer and Logger are filled in from above.
 	Canary CanaryConfig
+	// Now is the instance's clock for digest freshness and cluster state
+	// (regions.Config.Now). Nil means time.Now; tests set a skewed one.
+	Now func() time.Time
 	// FrontDoor sets the router's identity and timeout settings:
 	// DefaultTenant, Tier1Key, ExposeUpstream, the timeouts and
 	// MaxHeaders (see Config; zero fields take its defaults). Its other
@@ -233,6 +236,7 @@ func (in *Instance) fleetConfig(snap *config.Snapshot) regions.Config {
 	c := regions.Config{
 		LocalRegion: in.cfg.Region,
 		Clusters:    regions.ClustersFromTopology(snap.Topology),
+		Now:         in.cfg.Now,
 	}
 	if r := snap.Topology.Spec.Routing; r != nil {
 		if w := r.Weights; w != nil {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -107,13 +108,32 @@ spec:
 
 func newDoor(t *testing.T, mod func(*Config), upstreams ...string) *door {
 	t.Helper()
+	d := newDoorRouter(t, mod, upstreams...)
+	h := d.r.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		defer func() { d.handled <- struct{}{} }()
+		h.ServeHTTP(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	d.url = srv.URL
+	return d
+}
+
+// newDoorRouter is newDoor without the HTTP server (d.url is empty): for
+// tests that call d.r.Handler() directly, such as inside a synctest
+// bubble, where a real listener would stop the fake clock.
+func newDoorRouter(t *testing.T, mod func(*Config), upstreams ...string) *door {
+	t.Helper()
 	snap := testkit.Snapshot(t, 1, doorConfig(upstreams...))
 	_, ecK, _ := newKeys(t)
 	fleet := localFleet(t, snap)
+	// c1 has the most headroom, so it is tried first.
 	for i := range upstreams {
 		for _, model := range []string{"chat-model", "other-model"} {
-			fleet.Digests().Put(regions.Digest{Region: "r1", Cluster: fmt.Sprintf("c%d", i+1), Pool: model, Model: model, ReadyPods: 1, TotalPods: 1,
-				Headroom: float64(len(upstreams) - i), Version: 1, Produced: time.Now()})
+			if ok, err := fleet.Digests().Put(regions.Digest{Region: "r1", Cluster: fmt.Sprintf("c%d", i+1), Pool: model, Model: model, ReadyPods: 1, TotalPods: 1,
+				Headroom: float64(len(upstreams)-i) / float64(len(upstreams)), Version: 1, Produced: time.Now()}); !ok || err != nil {
+				t.Fatalf("digest of c%d refused: %v", i+1, err)
+			}
 		}
 	}
 	lim, err := ratelimit.New(ratelimit.DefaultConfig("door"))
@@ -131,15 +151,7 @@ func newDoor(t *testing.T, mod func(*Config), upstreams ...string) *door {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &door{r: r, key: ecK, m: m, handled: make(chan struct{}, 64)}
-	h := r.Handler()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		defer func() { d.handled <- struct{}{} }()
-		h.ServeHTTP(w, req)
-	}))
-	t.Cleanup(srv.Close)
-	d.url = srv.URL
-	return d
+	return &door{r: r, key: ecK, m: m, handled: make(chan struct{}, 64)}
 }
 
 func (d *door) token(t *testing.T, tenant string, edit func(jwt.MapClaims)) string {
@@ -470,31 +482,61 @@ func hang(w http.ResponseWriter, r *http.Request) {
 	<-r.Context().Done()
 }
 
+// memTier1s is an in-memory transport to Tier-1s, by URL host: a test in a
+// synctest bubble cannot use sockets (a goroutine waiting on the network
+// is not durably blocked, so the fake clock would stop).
+type memTier1s map[string]http.Handler
+
+func (m memTier1s) RoundTrip(req *http.Request) (*http.Response, error) {
+	h, ok := m[req.URL.Host]
+	if !ok {
+		return nil, fmt.Errorf("memTier1s: no Tier-1 at %s", req.URL.Host)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if err := req.Context().Err(); err != nil {
+		return nil, err // the attempt ended before the handler answered
+	}
+	return rec.Result(), nil
+}
+
 // No response headers within the timeout: the next cluster is tried, and
-// when none answers the caller gets a 504.
+// when none answers the caller gets a 504. In virtual time, with the
+// shipped timeouts: a non-streaming request waits out the 10-minute
+// response timeout, not the 60 s header timeout of streams, and the
+// cluster that answers does so at once.
 func TestUpstreamHeaderTimeout(t *testing.T) {
-	hung := httptest.NewServer(http.HandlerFunc(hang))
-	defer hung.Close()
-	rec := &recorder{}
-	ok := httptest.NewServer(rec)
-	defer ok.Close()
-	short := func(c *Config) {
-		c.UpstreamHeaderTimeout, c.UpstreamResponseTimeout = 50*time.Millisecond, 50*time.Millisecond
-	}
+	synctest.Test(t, func(t *testing.T) {
+		tr := memTier1s{"hung": http.HandlerFunc(hang), "ok": &recorder{}}
+		send := func(d *door) (*httptest.ResponseRecorder, time.Duration) {
+			req := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/v1/completions", strings.NewReader(`{"model":"chat-model","prompt":"x"}`))
+			req.Header.Set("Authorization", d.token(t, "team", nil))
+			w := httptest.NewRecorder()
+			start := time.Now()
+			d.r.Handler().ServeHTTP(w, req)
+			return w, time.Since(start)
+		}
+		withTransport := func(c *Config) { c.Transport = tr }
 
-	d := newDoor(t, short, hung.URL, ok.URL)
-	resp := d.post(t, t.Context(), d.token(t, "team", nil), "/v1/completions", `{"model":"chat-model","prompt":"x"}`, nil)
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get("x-meridian-cluster") != "c2" {
-		t.Fatalf("status %d from %q: want 200 from c2 after c1 timed out", resp.StatusCode, resp.Header.Get("x-meridian-cluster"))
-	}
+		d := newDoorRouter(t, withTransport, "http://hung", "http://ok")
+		w, took := send(d)
+		if w.Code != 200 || w.Header().Get("x-meridian-cluster") != "c2" {
+			t.Fatalf("status %d from %q: want 200 from c2 after c1 timed out: %s", w.Code, w.Header().Get("x-meridian-cluster"), w.Body)
+		}
+		if took != 10*time.Minute {
+			t.Fatalf("served after %s of virtual time, want the 10 min response timeout on c1, then c2 at once", took)
+		}
 
-	d = newDoor(t, short, hung.URL)
-	e := readErr(t, d.post(t, t.Context(), d.token(t, "team", nil), "/v1/completions", `{"model":"chat-model","prompt":"x"}`, nil), 504)
-	if *e.Error.Code != "upstream_timeout" {
-		t.Fatalf("504 body %+v", e.Error)
-	}
+		d = newDoorRouter(t, withTransport, "http://hung")
+		w, took = send(d)
+		e := readErr(t, w.Result(), 504)
+		if *e.Error.Code != "upstream_timeout" || !strings.Contains(e.Error.Message, "10m0s") {
+			t.Fatalf("504 body %+v", e.Error)
+		}
+		if took != 10*time.Minute {
+			t.Fatalf("504 after %s of virtual time, want the 10 min response timeout", took)
+		}
+	})
 }
 
 // A stream whose Tier-1 goes quiet ends with an error event.

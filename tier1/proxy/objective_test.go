@@ -62,6 +62,11 @@ func TestObjectiveByNameOverHTTP(t *testing.T) {
 	}
 	srv := serve(t, gw)
 	(&platform{gw: gw}).waitScraped(t)
+	// The Gates judge saturation from their last observation, made every
+	// scrape interval: one made before the first scrape says the load is
+	// unknown, and a Sheddable request is shed on it (no_metrics). Observe
+	// the scraped pods now instead of waiting for the next tick.
+	gw.ObservePools()
 
 	decisions := func() map[string]float64 {
 		t.Helper()

@@ -230,7 +230,12 @@ func TestRoutesModelsAndAdapters(t *testing.T) {
 }
 
 func TestPrefixAffinity(t *testing.T) {
-	p := newPlatform(t, "{prefix: 5, queue: 1}")
+	// Metrics never count as stale here: this is about prefix scoring, and
+	// a pod avoided for a missed scrape (300 ms in newPlatform, easily
+	// missed on a loaded machine) sent the next requests elsewhere.
+	p := newPlatformOf(t, "{prefix: 5, queue: 1}", time.Minute, map[string][]*sim.LivePod{
+		"chat": startPods(t, "h100", "chat-model", nil, 3),
+	})
 	system := strings.Repeat("You are a careful claims assistant. ", 60)
 	served := map[string]int{}
 	for i := range 12 {
