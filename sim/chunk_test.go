@@ -57,3 +57,20 @@ func TestResponseIDIsOpaque(t *testing.T) {
 		}
 	}
 }
+
+// TestUsageChunkMatchesMarshal: the final usage chunk's encoder writes
+// what json.Marshal writes for the event stream built before it.
+func TestUsageChunkMatchesMarshal(t *testing.T) {
+	out := Outcome{Request: &Request{PromptTokens: 812}, OutputTokens: 16, CachedTokens: 768}
+	for _, object := range []string{"chat.completion.chunk", "text_completion"} {
+		ev := map[string]any{"id": "chatcmpl-x", "object": object, "created": int64(1700000000), "model": "m<1>", "choices": []any{}, "usage": usage(&out)}
+		want, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := appendUsageChunk(nil, "chatcmpl-x", object, "m<1>", 1700000000, 812, 16, 768)
+		if string(got) != string(want) {
+			t.Errorf("usage chunk\n got %s\nwant %s", got, want)
+		}
+	}
+}

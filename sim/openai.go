@@ -410,7 +410,9 @@ func (lp *LivePod) stream(w http.ResponseWriter, r *http.Request, req *request, 
 		if done {
 			send(choice("", finishReason(req), false), nil)
 			if req.includeUsage {
-				send([]any{}, map[string]any{"usage": usage(&out)})
+				bw.WriteString("data: ")
+				bw.Write(appendUsageChunk(chunkBuf[:0], id, object, req.model, created, out.Request.PromptTokens, out.OutputTokens, out.CachedTokens))
+				bw.WriteString("\n\n")
 			}
 			bw.WriteString("data: [DONE]\n\n")
 			flush()
@@ -545,4 +547,26 @@ func responseID() string {
 	hex.Encode(b[:16], binary.BigEndian.AppendUint64(nil, rand.Uint64()))
 	hex.Encode(b[16:], binary.BigEndian.AppendUint64(nil, rand.Uint64()))
 	return string(b[:])
+}
+
+// appendUsageChunk appends the JSON of the final usage chunk (no choices):
+// the bytes json.Marshal writes for the event with usage(&out).
+func appendUsageChunk(b []byte, id, object, model string, created int64, prompt, completion, cached int) []byte {
+	b = append(b, `{"choices":[],"created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"model":`...)
+	b = appendJSONString(b, model)
+	b = append(b, `,"object":`...)
+	b = appendJSONString(b, object)
+	b = append(b, `,"usage":{"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(completion), 10)
+	b = append(b, `,"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt), 10)
+	b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+	b = strconv.AppendInt(b, int64(cached), 10)
+	b = append(b, `},"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	return append(b, `}}`...)
 }
