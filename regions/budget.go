@@ -65,7 +65,7 @@ func (b *RetryBudget) totals(epoch int64) (reqs, retries int64) {
 func (b *RetryBudget) Request() {
 	now := b.now().UnixNano()
 	b.mu.Lock()
-	b.bucket(now / b.width).reqs++ // width changes with the window on reload: read under mu
+	b.bucket(now/b.width).reqs++ // width changes with the window on reload: read under mu
 	b.mu.Unlock()
 }
 
