@@ -286,49 +286,14 @@ func (h *reloadHarness) status(t *testing.T, tok string) int {
 func (h *reloadHarness) reload(t *testing.T, write func(string) int64, s routingStep) {
 	t.Helper()
 	tok := h.token(t, nil)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var failures []string
-	sent := 0
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					if n > 0 {
-						return
-					}
-				default:
-				}
-				code, body, err := h.post(tok)
-				mu.Lock()
-				sent++
-				if err != nil || code != http.StatusOK {
-					failures = append(failures, fmt.Sprintf("status %d, %v: %.200s", code, err, body))
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	rev := write(h.yaml(s))
-	testkit.Eventually(t, fmt.Sprintf("revision %d applied", rev), func() bool { return h.logs.applied() >= rev })
-	// Some requests go out under the new settings too.
-	mu.Lock()
-	after := sent
-	mu.Unlock()
-	testkit.Eventually(t, "requests under the new settings", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return sent >= after+8
-	})
-	close(stop)
-	wg.Wait()
-	if len(failures) > 0 {
-		t.Fatalf("%d of %d requests failed across the reload to revision %d; first: %s", len(failures), sent, rev, failures[0])
-	}
+	var rev int64
+	testkit.UnderTraffic(t, 4, func(int, int) string {
+		code, body, err := h.post(tok)
+		return testkit.Failure(code, err, string(body))
+	}, func() string {
+		rev = write(h.yaml(s))
+		return fmt.Sprintf("revision %d", rev)
+	}, func() bool { return h.logs.applied() >= rev })
 }
 
 // scenario runs every change through write.

@@ -228,48 +228,14 @@ func hold(t *testing.T, lp *sim.LivePod, n int, prompt string, done func(sim.Met
 // the gateway serves it, and fails if any of those requests failed.
 func (h *optionsHarness) reload(t *testing.T, write func(string) int64, y string) {
 	t.Helper()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var failures []string
-	sent := 0
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					if n > 0 {
-						return
-					}
-				default:
-				}
-				code, err := h.post("chat-model", fmt.Sprintf("client %d request %d", w, n))
-				mu.Lock()
-				sent++
-				if err != nil || code != http.StatusOK {
-					failures = append(failures, fmt.Sprintf("status %d, %v", code, err))
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	rev := write(y)
-	testkit.Eventually(t, fmt.Sprintf("revision %d applied", rev), func() bool { return h.gw.Snapshot().Revision >= rev })
-	mu.Lock()
-	after := sent
-	mu.Unlock()
-	testkit.Eventually(t, "requests under the new options", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return sent >= after+8
-	})
-	close(stop)
-	wg.Wait()
-	if len(failures) > 0 {
-		t.Fatalf("%d of %d requests failed across the reload to revision %d; first: %s", len(failures), sent, rev, failures[0])
-	}
+	var rev int64
+	testkit.UnderTraffic(t, 4, func(c, n int) string {
+		code, err := h.post("chat-model", fmt.Sprintf("client %d request %d", c, n))
+		return testkit.Failure(code, err, "")
+	}, func() string {
+		rev = write(y)
+		return fmt.Sprintf("revision %d", rev)
+	}, func() bool { return h.gw.Snapshot().Revision >= rev })
 }
 
 func (h *optionsHarness) scenario(t *testing.T, write func(string) int64) {

@@ -1,0 +1,67 @@
+package testkit
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+)
+
+// UnderTraffic runs change while clients goroutines call send in a loop
+// (client, request number; a non-empty return is a failure), waits until
+// applied reports the change in force and at least 8 more requests have
+// gone out under it, stops the clients and fails the test if any request
+// failed. Every client sends at least one request.
+func UnderTraffic(t *testing.T, clients int, send func(client, n int) (failure string), change func() string, applied func() bool) {
+	t.Helper()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures []string
+	sent := 0
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					if n > 0 {
+						return
+					}
+				default:
+				}
+				f := send(c, n)
+				mu.Lock()
+				sent++
+				if f != "" {
+					failures = append(failures, f)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	what := change()
+	Eventually(t, what+" applied", applied)
+	mu.Lock()
+	after := sent
+	mu.Unlock()
+	Eventually(t, "requests after "+what, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return sent >= after+8
+	})
+	close(stop)
+	wg.Wait()
+	if len(failures) > 0 {
+		t.Fatalf("%d of %d requests failed across %s; first: %s", len(failures), sent, what, failures[0])
+	}
+}
+
+// Failure is the failure UnderTraffic's send reports for a response: ""
+// for a 200 without error.
+func Failure(code int, err error, detail string) string {
+	if err == nil && code == 200 {
+		return ""
+	}
+	return fmt.Sprintf("status %d, %v: %.200s", code, err, detail)
+}
