@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -175,49 +174,25 @@ func reloadScenario(t *testing.T, first *config.Snapshot, reload func(yaml strin
 		t.Fatalf("objective %q: %v", objective, err)
 		return nil, false
 	}
-	// flow sends Critical requests from four clients until stop closes,
-	// and reports every failure.
-	flow := func(stop <-chan struct{}) (wait func() []error) {
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var errs []error
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for n := 0; ; n++ {
-					select {
-					case <-stop:
-						if n > 0 {
-							return
-						}
-					default:
-					}
-					d, err := gw.Route(ctx, body, gateway.Meta{Header: header(gateway.HeaderTenant, "payments", gateway.HeaderBand, "Critical")})
-					if err != nil {
-						mu.Lock()
-						errs = append(errs, err)
-						mu.Unlock()
-						continue
-					}
-					serve(d)
-				}
-			}()
-		}
-		return func() []error { wg.Wait(); return errs }
-	}
+	// apply reloads y while four clients send Critical requests, and fails
+	// if any of them (or the reload) failed.
 	apply := func(y string) {
 		t.Helper()
-		stop := make(chan struct{})
-		wait := flow(stop)
-		s, err := reload(y)
-		if err == nil {
-			err = gw.Apply(s)
-		}
-		close(stop)
-		if errs := wait(); len(errs) > 0 {
-			t.Fatalf("%d requests failed across the reload; first: %v", len(errs), errs[0])
-		}
+		var err error
+		testkit.UnderTraffic(t, 4, func(int, int) string {
+			d, rerr := gw.Route(ctx, body, gateway.Meta{Header: header(gateway.HeaderTenant, "payments", gateway.HeaderBand, "Critical")})
+			if rerr != nil {
+				return rerr.Error()
+			}
+			serve(d)
+			return ""
+		}, func() string {
+			var s *config.Snapshot
+			if s, err = reload(y); err == nil {
+				err = gw.Apply(s)
+			}
+			return "the reload"
+		}, func() bool { return true })
 		if err != nil {
 			t.Fatal(err)
 		}
