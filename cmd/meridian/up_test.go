@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,6 +44,12 @@ func testPlatform(t *testing.T) *Platform {
 // testPlatformWith is testPlatform with its flags changed by tune first.
 func testPlatformWith(t *testing.T, tune func(*upFlags)) *Platform {
 	t.Helper()
+	// The ports are picked free and bound only when the platform starts:
+	// another test may take one in between; then it starts again on new
+	// ones.
+	attempt := 0
+retry:
+	attempt++
 	dir := t.TempDir()
 	ports := map[string]string{}
 	port := func(name string) string {
@@ -145,6 +152,10 @@ spec:
 	p, err := startUp(ctx, f, slog.New(slog.DiscardHandler))
 	if err != nil {
 		cancel()
+		if attempt < 5 && (errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")) {
+			t.Logf("start platform, attempt %d: %v; again on other ports", attempt, err)
+			goto retry
+		}
 		t.Fatalf("start platform: %v\n%s", err, cfg)
 	}
 	done := make(chan error, 1)
