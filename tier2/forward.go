@@ -172,8 +172,17 @@ func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, b
 		done(err)
 		return nil, nil, &attemptErr{reason: "connect", result: regions.Failure, cause: err}
 	}
-	out.Body = body.reader()
-	out.GetBody = func() (io.ReadCloser, error) { return body.reader(), nil } // a stale keep-alive connection is retried
+	// A body in one piece of memory leaves with the request headers in
+	// one write: net/http flushes the headers on their own before any
+	// other kind of body, and writes each piece separately, and every
+	// write on the way to a Tier-1 is a wake-up on both sides.
+	if b := body.joined(); b != nil {
+		out.Body = io.NopCloser(bytes.NewReader(b))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil } // a stale keep-alive connection is retried
+	} else {
+		out.Body = body.reader()
+		out.GetBody = func() (io.ReadCloser, error) { return body.reader(), nil }
+	}
 	for k, vs := range in.Header {
 		switch k {
 		case "Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", insecureCriticality:
@@ -286,9 +295,12 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 		return resp.StatusCode
 	}
 	// Server-sent events: one event at a time, flushed at once.
-	br := r.readers.Get().(*bufio.Reader)
-	br.Reset(resp.Body)
-	defer func() { br.Reset(nil); r.readers.Put(br) }()
+	rr := r.readers.Get().(*relayReader)
+	rr.src = resp.Body
+	rr.eof = false
+	br := rr.br
+	br.Reset(rr)
+	defer func() { br.Reset(nil); rr.src = nil; r.readers.Put(rr) }()
 	var acct streamAccount
 	skipBlank := false
 	// pending: bytes written since the last flush. They are flushed
@@ -343,7 +355,10 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 				pending = true
 			}
 		}
-		buffered = err == nil && lineBuffered(br)
+		// Once upstream has ended, what is left is in br: nothing waits
+		// on the network again, and the last events leave with the
+		// response's end in one write when the handler returns.
+		buffered = err == nil && (rr.eof || lineBuffered(br))
 		if pending && err == nil && !buffered {
 			if rc.Flush() != nil {
 				r.settle(c, acct.tokens(c))
@@ -352,7 +367,6 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 			pending = false
 		}
 		if err == io.EOF {
-			rc.Flush()
 			r.settle(c, acct.tokens(c))
 			return resp.StatusCode
 		}
@@ -408,6 +422,21 @@ func headerSetter(h http.Header) func(k, v string) {
 		vals = append(vals, v)
 		h[ck] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
+}
+
+// relayReader is a pooled event-stream reader over an upstream body that
+// remembers when the body reported its end, so the relay knows that no
+// later read waits on the network.
+type relayReader struct {
+	br  *bufio.Reader // reads from the relayReader itself
+	src io.Reader
+	eof bool
+}
+
+func (rr *relayReader) Read(p []byte) (int, error) {
+	n, err := rr.src.Read(p)
+	rr.eof = rr.eof || err == io.EOF
+	return n, err
 }
 
 // lineBuffered reports whether br holds a whole line: the next ReadSlice
@@ -483,6 +512,31 @@ func usageTokens(b []byte) int64 {
 type sendBody struct {
 	parts [5][]byte
 	n     int
+	whole []byte // the pieces joined, once (joined)
+}
+
+// joinLimit bounds the body joined into one buffer before it is sent: a
+// longer one (a long prompt) is sent as its pieces, where the copy would
+// cost more than the writes it saves.
+const joinLimit = 64 << 10
+
+// joined returns the body as one slice (the piece itself when there is
+// one, a copy made once otherwise), or nil when it is longer than
+// joinLimit.
+func (s *sendBody) joined() []byte {
+	switch {
+	case s.n == 1:
+		return s.parts[0]
+	case s.whole != nil:
+		return s.whole
+	case s.n == 0 || s.size() > joinLimit:
+		return nil
+	}
+	s.whole = make([]byte, 0, s.size())
+	for _, p := range s.parts[:s.n] {
+		s.whole = append(s.whole, p...)
+	}
+	return s.whole
 }
 
 func bodyOf(b []byte) sendBody {

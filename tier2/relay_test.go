@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -46,5 +48,77 @@ func TestStreamEventNotHeldBehindARead(t *testing.T) {
 	rest, err := io.ReadAll(br)
 	if err != nil || !strings.Contains(string(rest), `"content":"there"`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
 		t.Fatalf("rest of the stream %q, %v", rest, err)
+	}
+}
+
+// countingConn counts the writes made on a connection.
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int32
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+type countingListener struct {
+	net.Listener
+	writes *atomic.Int32
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{c, l.writes}, nil
+}
+
+// Every write on loopback wakes the other side: a streamed request (whose
+// body Tier-2 edits, asking for usage) leaves for the Tier-1 in one write,
+// headers and body together, and a stream whose events all arrived before
+// upstream's end leaves for the caller in one write, its end included
+// (before, four writes upstream and two to the caller).
+func TestStreamWrites(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, s := range []string{"hi", " there", "!"} {
+			w.Write([]byte(`data: {"id":"c","model":"chat-model","choices":[{"index":0,"delta":{"content":"` + s + `"}}]}` + "\n\n"))
+		}
+		w.Write([]byte("data: [DONE]\n\n")) // all in one write when the handler returns
+	}))
+	defer up.Close()
+	var upWrites, callerWrites atomic.Int32
+	d := newDoorRouter(t, func(c *Config) {
+		tr := NewTransport()
+		dial := tr.DialContext
+		tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return countingConn{c, &upWrites}, nil
+		}
+		c.Transport = tr
+	}, up.URL)
+	srv := httptest.NewUnstartedServer(d.r.Handler())
+	srv.Listener = countingListener{srv.Listener, &callerWrites}
+	srv.Start()
+	defer srv.Close()
+	d.url = srv.URL
+	resp := d.post(t, t.Context(), d.token(t, "team", nil), "/v1/chat/completions",
+		`{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !strings.Contains(string(body), `" there"`) || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("stream %q, %v", body, err)
+	}
+	if n := upWrites.Load(); n != 1 {
+		t.Errorf("the request left for the Tier-1 in %d writes, want 1 (headers and body together)", n)
+	}
+	if n := callerWrites.Load(); n != 1 {
+		t.Errorf("the stream left for the caller in %d writes, want 1 (its events and its end together)", n)
 	}
 }

@@ -110,7 +110,7 @@ type Router struct {
 	stopping context.Context
 	abort    context.CancelFunc
 	bufs     sync.Pool
-	readers  sync.Pool // *bufio.Reader of 32 KiB for relaying event streams
+	readers  sync.Pool // *relayReader, a 32 KiB buffer for relaying event streams
 	cohorts  sync.Map  // rewrite name → *rewrite.Cohort of its rollout's state; see Canary
 }
 
@@ -171,7 +171,11 @@ func NewRouter(cfg Config, snap *config.Snapshot) (*Router, error) {
 	r.auth.Store(cfg.Auth)
 	r.stopping, r.abort = context.WithCancel(context.Background())
 	r.bufs.New = func() any { return new([32 << 10]byte) }
-	r.readers.New = func() any { return bufio.NewReaderSize(nil, 32<<10) }
+	r.readers.New = func() any {
+		rr := &relayReader{}
+		rr.br = bufio.NewReaderSize(rr, 32<<10)
+		return rr
+	}
 	if err := r.Apply(snap); err != nil {
 		return nil, err
 	}
