@@ -30,6 +30,7 @@ import (
 func init() { extraCommands = append(extraCommands, newTier1Cmd) }
 
 type tier1Flags struct {
+	gcPercent      int
 	src            sourceFlags
 	cluster        string
 	replica        string
@@ -64,6 +65,7 @@ func newTier1Cmd() *cobra.Command {
 		},
 	}
 	f.src.register(cmd)
+	registerGC(cmd, &f.gcPercent)
 	host, _ := os.Hostname()
 	cmd.Flags().StringVar(&f.cluster, "cluster", "", "cluster whose InferenceGatewayConfig to serve (spec.cluster or metadata.name)")
 	cmd.Flags().StringVar(&f.replica, "replica", host, "name of this replica among the cluster's Tier-1s")
@@ -237,6 +239,7 @@ func startTier1(ctx context.Context, f tier1Flags, log *slog.Logger) (*tier1Inst
 }
 
 func runTier1(ctx context.Context, f tier1Flags, log *slog.Logger) error {
+	applyGC(f.gcPercent, log)
 	inst, err := startTier1(ctx, f, log)
 	if err != nil {
 		return err

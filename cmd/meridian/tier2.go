@@ -20,6 +20,7 @@ import (
 func init() { extraCommands = append(extraCommands, newTier2Cmd) }
 
 type tier2Flags struct {
+	gcPercent      int
 	src            sourceFlags
 	region, name   string
 	listen         string
@@ -54,6 +55,7 @@ func newTier2Cmd() *cobra.Command {
 		},
 	}
 	f.src.register(cmd)
+	registerGC(cmd, &f.gcPercent)
 	host, _ := os.Hostname()
 	cmd.Flags().StringVar(&f.region, "region", "", "Region this instance serves (required)")
 	cmd.Flags().StringVar(&f.name, "name", host, "unique name of this instance (gossip and rate-limit peer name)")
@@ -203,6 +205,7 @@ func frontDoorServer(s *server, abort func()) {
 }
 
 func runTier2(ctx context.Context, f tier2Flags, log *slog.Logger) error {
+	applyGC(f.gcPercent, log)
 	t, err := startTier2(ctx, f, nil, nil, log, nil)
 	if err != nil {
 		return err
