@@ -83,7 +83,8 @@ func BenchmarkMooncakeReplay(b *testing.B) {
 
 // BenchmarkLivePod measures one live pod's HTTP cost per request on
 // loopback, with model time made negligible (time scale 10⁶): a 16-token
-// chat completion, non-streaming and streamed with a usage chunk.
+// chat completion, non-streaming, streamed with a usage chunk, and streamed
+// with usage in every chunk too.
 func BenchmarkLivePod(b *testing.B) {
 	prof := mustProfile(b, "h100")
 	pods, err := StartPods(context.Background(), PodSpec{Pod: PodConfig{Profile: prof}, TimeScale: 1e6}, 1)
@@ -94,14 +95,14 @@ func BenchmarkLivePod(b *testing.B) {
 	url := pods[0].URL() + "/v1/chat/completions"
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 	defer c.CloseIdleConnections()
-	for _, stream := range []bool{false, true} {
-		body := `{"messages":[{"role":"user","content":"` + strings.Repeat("hello ", 100) + `"}],"max_tokens":16`
-		name := "non-streaming"
-		if stream {
-			body += `,"stream":true,"stream_options":{"include_usage":true}`
-			name = "streaming"
-		}
-		body += "}"
+	for _, tc := range []struct{ name, options string }{
+		{"non-streaming", ""},
+		{"streaming", `,"stream":true,"stream_options":{"include_usage":true}`},
+		// What Tier-2 asks of every stream, to settle on what was relayed.
+		{"streaming-continuous-usage", `,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`},
+	} {
+		body := `{"messages":[{"role":"user","content":"` + strings.Repeat("hello ", 100) + `"}],"max_tokens":16` + tc.options + "}"
+		name := tc.name
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

@@ -50,6 +50,7 @@ var (
 	pods        = flag.Int("pods", 4, "simulated pods")
 	timeScale   = flag.Float64("time-scale", 1000, "simulated model seconds per wall-clock second (high: the pods answer at once)")
 	paths       = flag.String("paths", "direct,tier1,tier2,nginx", "paths to measure")
+	streamOpts  = flag.String("stream-options", "", `the clients' "stream_options" object (JSON, e.g. {"include_usage":true,"continuous_usage_stats":true}); empty: none`)
 	unique      = flag.Bool("unique", true, "give every request a distinct prompt prefix, so that prefix affinity does not concentrate identical prompts on one pod (which measures routing, not the proxy)")
 )
 
@@ -206,8 +207,15 @@ func procCPU(pid int) time.Duration {
 
 func requestBody() []byte {
 	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", *promptBytes/45+1)[:*promptBytes]
-	b, _ := json.Marshal(map[string]any{"model": "bench", "stream": true, "max_tokens": *maxTokens,
-		"messages": []map[string]string{{"role": "user", "content": prompt}}})
+	body := map[string]any{"model": "bench", "stream": true, "max_tokens": *maxTokens,
+		"messages": []map[string]string{{"role": "user", "content": prompt}}}
+	if *streamOpts != "" {
+		body["stream_options"] = json.RawMessage(*streamOpts)
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		log.Fatalf("--stream-options %s: %v", *streamOpts, err)
+	}
 	return b
 }
 
