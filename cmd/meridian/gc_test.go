@@ -2,6 +2,8 @@ package main
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
 	"runtime/debug"
 	"testing"
 )
@@ -37,5 +39,33 @@ func TestGCFlagDefault(t *testing.T) {
 		if f == nil || f.DefValue != "400" {
 			t.Errorf("%s --gc-percent: %+v, want default 400", name, f)
 		}
+	}
+}
+
+// A container's memory.max bounds the heap the later target may grow to;
+// "max", a missing file or garbage mean no limit.
+func TestCgroupMemoryMax(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		content string
+		want    int64
+		ok      bool
+	}{
+		{"1073741824\n", 1 << 30, true},
+		{"max\n", 0, false},
+		{"", 0, false},
+		{"-5", 0, false},
+		{"12abc", 0, false},
+	} {
+		p := filepath.Join(dir, "memory.max")
+		if err := os.WriteFile(p, []byte(tc.content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := cgroupMemoryMax(p); got != tc.want || ok != tc.ok {
+			t.Errorf("memory.max %q: %d, %v; want %d, %v", tc.content, got, ok, tc.want, tc.ok)
+		}
+	}
+	if _, ok := cgroupMemoryMax(filepath.Join(dir, "absent")); ok {
+		t.Error("a missing memory.max read as a limit")
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -32,13 +34,40 @@ func registerGC(cmd *cobra.Command, p *int) {
 }
 
 // applyGC sets the collector's target from --gc-percent unless GOGC is
-// set in the environment.
+// set in the environment. In a container with a memory limit (cgroup v2
+// memory.max), unless GOMEMLIMIT is set, the collector also works harder
+// as the heap nears 90% of that limit, so the later target cannot cost an
+// out-of-memory kill.
 func applyGC(percent int, log *slog.Logger) {
 	if env := os.Getenv("GOGC"); env != "" {
 		log.Info("garbage collector target from GOGC; --gc-percent ignored", "GOGC", env)
+	} else {
+		debug.SetGCPercent(percent)
+	}
+	if os.Getenv("GOMEMLIMIT") != "" {
 		return
 	}
-	debug.SetGCPercent(percent)
+	if limit, ok := cgroupMemoryMax(cgroupMemoryMaxFile); ok {
+		debug.SetMemoryLimit(limit / 10 * 9)
+		log.Info("garbage collector memory limit set from the container's", "memory.max", limit, "limit", limit/10*9)
+	}
+}
+
+// cgroupMemoryMaxFile is cgroup v2's memory limit of this process's group.
+const cgroupMemoryMaxFile = "/sys/fs/cgroup/memory.max"
+
+// cgroupMemoryMax reads a cgroup v2 memory.max: a byte count, or "max"
+// (no limit, ok false); a missing or unreadable file is no limit.
+func cgroupMemoryMax(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	return n, true
 }
 
 // drainTimeout bounds how long a shutdown waits for in-flight streams.
