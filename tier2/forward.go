@@ -23,9 +23,15 @@ import (
 )
 
 // NewTransport returns the transport Tier-2 uses to reach Tier-1s: pooled
-// keep-alive connections, HTTP/2 when the Tier-1 offers it over TLS, a
-// short connect timeout so an unreachable cluster fails over quickly.
-func NewTransport() *http.Transport {
+// keep-alive HTTP/1.1 connections used on the request's own goroutine for
+// plaintext Tier-1s (h1Transport), net/http's transport with HTTP/2 when
+// the Tier-1 offers it over TLS, and a short connect timeout so an
+// unreachable cluster fails over quickly.
+func NewTransport() http.RoundTripper {
+	return newH1Transport(newHTTPTransport())
+}
+
+func newHTTPTransport() *http.Transport {
 	return &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        1024,
