@@ -91,3 +91,32 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// Settings that contradict each other are usage errors (meridian exits 2),
+// found before anything listens.
+func TestSettingErrorsAreUsage(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	dir := t.TempDir()
+	for name, start := range map[string]func() error{
+		"tier2 without a Region": func() error {
+			_, err := platform.StartTier2(t.Context(), platform.Tier2Config{Source: platform.Source{Dir: dir}}, log)
+			return err
+		},
+		"tier2 with an unknown gossip profile": func() error {
+			_, err := platform.StartTier2(t.Context(), platform.Tier2Config{Region: "r", GossipProfile: "moon", Source: platform.Source{Dir: dir}}, log)
+			return err
+		},
+		"tier1 with both a directory and etcd": func() error {
+			_, err := platform.StartTier1(t.Context(), platform.Tier1Config{Source: platform.Source{Dir: dir, Etcd: []string{"127.0.0.1:1"}}}, log)
+			return err
+		},
+		"tier1 with peers but no health feed": func() error {
+			_, err := platform.StartTier1(t.Context(), platform.Tier1Config{Source: platform.Source{Dir: dir}, Peers: []string{"127.0.0.1:1"}, Listen: "127.0.0.1:0"}, log)
+			return err
+		},
+	} {
+		if err := start(); !errors.Is(err, platform.ErrUsage) {
+			t.Errorf("%s: %v, want an ErrUsage", name, err)
+		}
+	}
+}
