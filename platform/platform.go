@@ -159,7 +159,7 @@ type MetricsTarget struct {
 	Labels map[string]string
 }
 
-// loadUpConfig reads the platform's configuration and moves the listeners
+// loadConfig reads the platform's configuration and moves the listeners
 // whose ports are taken (all of them with --ports auto) to free ports, in
 // the configuration every component reads, so that Tier-2 reaches the
 // Tier-1s and the Tier-1s their pods where they really listen.
@@ -167,17 +167,7 @@ func loadConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []Port
 	if len(f.Etcd) > 0 {
 		return etcdConfig(ctx, f)
 	}
-	var (
-		docs []config.Document
-		err  error
-		src  Source
-	)
-	if f.Dir != "" {
-		docs, _, err = config.ReadDir(f.Dir)
-		src.Dir = f.Dir
-	} else {
-		docs, err = config.ReadFS(examples.Platform(), "embedded:deploy/examples/platform")
-	}
+	docs, err := readDocs(f.Dir)
 	if err != nil {
 		return nil, Source{}, nil, err
 	}
@@ -185,20 +175,16 @@ func loadConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []Port
 	if err != nil {
 		return nil, Source{}, nil, err
 	}
-	if s.Topology == nil || len(s.Topology.Spec.Regions) == 0 {
-		return nil, Source{}, nil, errNoTopology
-	}
-	moves, err := planPorts(s, f.Listen, f.Ports)
+	moves, err := movePorts(s, f)
 	if err != nil {
 		return nil, Source{}, nil, err
 	}
+	src := Source{Dir: f.Dir}
 	if len(moves) > 0 {
 		if s, err = config.Build(moveDocs(docs, moves), 1); err != nil {
 			return nil, Source{}, nil, err
 		}
-		if f.Dir != "" {
-			src.rewrite = func(d []config.Document) []config.Document { return moveDocs(d, moves) }
-		}
+		src.rewrite = func(d []config.Document) []config.Document { return moveDocs(d, moves) }
 	}
 	if f.Dir == "" {
 		src.static = s
@@ -206,9 +192,28 @@ func loadConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []Port
 	return s, src, moves, nil
 }
 
-// etcdUpConfig serves the platform from etcd. An empty prefix is seeded
-// first with --config or the embedded example; moved ports are written
-// back to the stored Topology and StaticEndpoints.
+// readDocs reads the configuration directory, or the embedded example
+// platform when dir is empty.
+func readDocs(dir string) ([]config.Document, error) {
+	if dir == "" {
+		return config.ReadFS(examples.Platform(), "embedded:deploy/examples/platform")
+	}
+	docs, _, err := config.ReadDir(dir)
+	return docs, err
+}
+
+// movePorts checks that s can run as a local platform and plans where
+// its listeners go (planPorts).
+func movePorts(s *config.Snapshot, f Config) ([]PortMove, error) {
+	if s.Topology == nil || len(s.Topology.Spec.Regions) == 0 {
+		return nil, errNoTopology
+	}
+	return planPorts(s, f.Listen, f.Ports)
+}
+
+// etcdConfig serves the platform from etcd. An empty prefix is seeded
+// first with Dir or the embedded example; moved ports are written back
+// to the stored Topology and StaticEndpoints.
 func etcdConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []PortMove, error) {
 	cli, err := newEtcdClient(f.Etcd)
 	if err != nil {
@@ -216,32 +221,29 @@ func etcdConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []Port
 	}
 	defer cli.Close()
 	store := &config.Store{Client: cli, Prefix: f.Prefix}
-	snap, err := store.Load(ctx)
-	if err == nil && len(snap.Objects) == 0 {
-		var docs []config.Document
-		if f.Dir != "" {
-			docs, _, err = config.ReadDir(f.Dir)
-		} else {
-			docs, err = config.ReadFS(examples.Platform(), "embedded:deploy/examples/platform")
-		}
-		var plan *config.Plan
-		if err == nil {
-			plan, err = store.PlanApply(ctx, docs, nil)
-		}
+	// write stores docs (one validated, revision-checked change) and
+	// reads back the whole configuration.
+	write := func(docs []config.Document) (*config.Snapshot, error) {
+		plan, err := store.PlanApply(ctx, docs, nil)
 		if err == nil {
 			_, err = store.Commit(ctx, plan)
 		}
-		if err == nil {
-			snap, err = store.Load(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return store.Load(ctx)
+	}
+	snap, err := store.Load(ctx)
+	if err == nil && len(snap.Objects) == 0 {
+		var docs []config.Document
+		if docs, err = readDocs(f.Dir); err == nil {
+			snap, err = write(docs)
 		}
 	}
 	if err != nil {
 		return nil, Source{}, nil, fmt.Errorf("up: %w", err)
 	}
-	if snap.Topology == nil || len(snap.Topology.Spec.Regions) == 0 {
-		return nil, Source{}, nil, errNoTopology
-	}
-	moves, err := planPorts(snap, f.Listen, f.Ports)
+	moves, err := movePorts(snap, f)
 	if err != nil {
 		return nil, Source{}, nil, err
 	}
@@ -258,14 +260,7 @@ func etcdConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []Port
 			}
 			docs = append(docs, ds...)
 		}
-		plan, err := store.PlanApply(ctx, moveDocs(docs, moves), nil)
-		if err == nil {
-			_, err = store.Commit(ctx, plan)
-		}
-		if err == nil {
-			snap, err = store.Load(ctx)
-		}
-		if err != nil {
+		if snap, err = write(moveDocs(docs, moves)); err != nil {
 			return nil, Source{}, nil, fmt.Errorf("up: storing the moved ports: %w", err)
 		}
 	}

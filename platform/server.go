@@ -44,6 +44,21 @@ type server struct {
 	drainAfter time.Duration
 }
 
+// listeners are a process's HTTP listeners: its main one (the proxy or
+// the front door) first, then its metrics listener when it has one.
+type listeners []*server
+
+// Addr is the main listener's address.
+func (l listeners) Addr() string { return l[0].Addr() }
+
+// MetricsAddr is the metrics listener's address ("" when off).
+func (l listeners) MetricsAddr() string {
+	if len(l) < 2 {
+		return ""
+	}
+	return l[1].Addr()
+}
+
 // listen binds addr now, so that a port conflict is reported before
 // anything else starts.
 func listen(name, addr string, h http.Handler) (*server, error) {

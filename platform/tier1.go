@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"time"
@@ -57,19 +58,8 @@ type Tier1 struct {
 	// Exchange shares the prefix index with the other replicas (nil
 	// without Peers).
 	Exchange *peers.Exchange
-	servers  []*server // the proxy, then metrics if on
-	run      func(ctx context.Context) error
-}
-
-// Addr is the OpenAI proxy's address.
-func (t *Tier1) Addr() string { return t.servers[0].Addr() }
-
-// MetricsAddr is the metrics listener's address ("" when off).
-func (t *Tier1) MetricsAddr() string {
-	if len(t.servers) < 2 {
-		return ""
-	}
-	return t.servers[1].Addr()
+	listeners
+	run func(ctx context.Context) error
 }
 
 // Run serves until ctx ends, then drains.
@@ -81,6 +71,14 @@ func StartTier1(ctx context.Context, f Tier1Config, log *slog.Logger) (*Tier1, e
 	reg := newRegistry(f.Version)
 	src, err := f.Source.open(ctx, reg, log)
 	if err != nil {
+		return nil, err
+	}
+	var opened []io.Closer // the listeners bound so far
+	fail := func(err error) (*Tier1, error) {
+		for _, c := range opened {
+			c.Close()
+		}
+		src.close()
 		return nil, err
 	}
 	var prompts *hygiene.Sketch // read only through the metrics listener
@@ -100,27 +98,23 @@ func StartTier1(ctx context.Context, f Tier1Config, log *slog.Logger) (*Tier1, e
 	gcfg.Tier2Key = f.IdentityKey
 	if f.IdentityKeyFile != "" && f.IdentityKey == nil {
 		if gcfg.Tier2Key, err = trust.ReadKey(f.IdentityKeyFile); err != nil {
-			src.close()
-			return nil, usage(err)
+			return fail(usage(err))
 		}
 	}
 	var exchange *peers.Exchange
 	if len(f.Peers) > 0 {
 		if f.Health == "" {
-			src.close()
-			return nil, usage(errors.New("--peers needs --health: replicas exchange events on the health gRPC port"))
+			return fail(usage(errors.New("--peers needs --health: replicas exchange events on the health gRPC port")))
 		}
 		if exchange, err = peers.New(peers.Config{Replica: f.Replica, Peers: f.Peers, Registerer: reg, Logger: log}); err != nil {
-			src.close()
-			return nil, err
+			return fail(err)
 		}
 		gcfg.OnDispatch = exchange.Publish
 		gcfg.OnInFlight = exchange.PublishInFlight
 	}
 	gw, err := gateway.New(gcfg, src.Snapshot())
 	if err != nil {
-		src.close()
-		return nil, err
+		return fail(err)
 	}
 	inst := &Tier1{Gateway: gw, Exchange: exchange}
 	var kube *discovery.Kubernetes
@@ -131,41 +125,35 @@ func StartTier1(ctx context.Context, f Tier1Config, log *slog.Logger) (*Tier1, e
 		// so that its lines are structured like ours, not bare stderr.
 		klog.SetSlogLogger(log.With("component", "client-go"))
 		if kube, err = discovery.NewKubernetes(f.Kubeconfig, f.Namespace); err != nil {
-			src.close()
-			return nil, fmt.Errorf("tier1: kubernetes discovery: %w", err)
+			return fail(fmt.Errorf("tier1: kubernetes discovery: %w", err))
 		}
 		kube.Logger = log
 	default:
-		src.close()
-		return nil, usage(fmt.Errorf("--discovery %q: want static or kubernetes", f.Discovery))
+		return fail(usage(fmt.Errorf("--discovery %q: want static or kubernetes", f.Discovery)))
 	}
 	px, err := listen("tier1 proxy", f.Listen, (&proxy.Proxy{Gateway: gw, Logger: log}).Handler())
 	if err != nil {
-		src.close()
-		return nil, err
+		return fail(err)
 	}
-	inst.servers = append(inst.servers, px)
+	opened = append(opened, px.ln)
+	inst.listeners = append(inst.listeners, px)
 	if f.Metrics != "" {
 		admin := metricsMux(reg)
 		admin.Handle(hygiene.Path, prompts.Handler(gw.PrefillSeconds))
 		ms, err := listen("tier1 metrics", f.Metrics, admin)
 		if err != nil {
-			px.ln.Close()
-			src.close()
-			return nil, err
+			return fail(err)
 		}
-		inst.servers = append(inst.servers, ms)
+		opened = append(opened, ms.ln)
+		inst.listeners = append(inst.listeners, ms)
 	}
 	var healthLn net.Listener
 	var pub *health.Publisher
 	if f.Health != "" {
 		if healthLn, err = net.Listen("tcp", f.Health); err != nil {
-			for _, s := range inst.servers {
-				s.ln.Close()
-			}
-			src.close()
-			return nil, fmt.Errorf("tier1 health feed: listen %s: %w", f.Health, err)
+			return fail(fmt.Errorf("tier1 health feed: listen %s: %w", f.Health, err))
 		}
+		opened = append(opened, healthLn)
 		gwCfg := src.Snapshot().Gateway(f.Cluster)
 		region, cluster := f.Region, f.Cluster
 		if gwCfg != nil {
@@ -178,14 +166,7 @@ func StartTier1(ctx context.Context, f Tier1Config, log *slog.Logger) (*Tier1, e
 	var ext *extproc.Server
 	if f.ExtProc != "" {
 		if extLn, err = net.Listen("tcp", f.ExtProc); err != nil {
-			for _, s := range inst.servers {
-				s.ln.Close()
-			}
-			if healthLn != nil {
-				healthLn.Close()
-			}
-			src.close()
-			return nil, fmt.Errorf("tier1 ext_proc: listen %s: %w", f.ExtProc, err)
+			return fail(fmt.Errorf("tier1 ext_proc: listen %s: %w", f.ExtProc, err))
 		}
 		ext = &extproc.Server{Gateway: gw, Registerer: reg, Logger: log}
 	}
@@ -195,7 +176,7 @@ func StartTier1(ctx context.Context, f Tier1Config, log *slog.Logger) (*Tier1, e
 		go src.run(ctx)
 		gw.Start(ctx, updates)
 		g, gctx := errgroup.WithContext(ctx)
-		for _, s := range inst.servers {
+		for _, s := range inst.listeners {
 			g.Go(func() error { return s.serve(gctx, log) })
 		}
 		if kube != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -59,20 +60,9 @@ type Tier2Config struct {
 
 // Tier2 is a started Tier-2 process: its instance and listeners.
 type Tier2 struct {
-	inst    *tier2.Instance
-	servers []*server // the front door, then metrics if on
-	run     func(ctx context.Context) error
-}
-
-// Addr is the front door's address.
-func (t *Tier2) Addr() string { return t.servers[0].Addr() }
-
-// MetricsAddr is the metrics listener's address ("" when off).
-func (t *Tier2) MetricsAddr() string {
-	if len(t.servers) < 2 {
-		return ""
-	}
-	return t.servers[1].Addr()
+	inst *tier2.Instance
+	listeners
+	run func(ctx context.Context) error
 }
 
 // Fleet is the instance's view of every cluster.
@@ -112,52 +102,63 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	}
 	closeSrc := src.close
 	src.close = func() { closeStore(); closeSrc() }
+	var (
+		opened []io.Closer // the listeners bound so far
+		inst   *tier2.Instance
+	)
+	fail := func(err error) (*Tier2, error) {
+		for _, c := range opened {
+			c.Close()
+		}
+		if inst != nil { // run on an ended context, it leaves the gossip
+			ended, cancel := context.WithCancel(ctx)
+			cancel()
+			inst.Run(ended, nil)
+		}
+		src.close()
+		return nil, err
+	}
 	front := f.FrontDoor
 	if f.IdentityKeyFile != "" {
 		if front.Tier1Key, err = trust.ReadKey(f.IdentityKeyFile); err != nil {
-			src.close()
-			return nil, usage(err)
+			return fail(usage(err))
 		}
 	}
-	inst, err := tier2.NewInstance(ctx, tier2.InstanceConfig{
+	inst, err = tier2.NewInstance(ctx, tier2.InstanceConfig{
 		Region: f.Region, Name: f.Name, GossipBind: f.GossipBind, GossipJoin: f.Join, GossipProfile: f.GossipProfile,
 		SubscribeAll: f.SubscribeAll, InsecureNoAuth: f.InsecureNoAuth, ConfigDir: root, Keys: f.Keys,
 		Transport: f.Transport, Registerer: reg, Logger: log, GossipTransport: f.GossipTransport,
 		Canary: tier2.CanaryConfig{Store: store, Period: f.CanaryPeriod}, FrontDoor: front,
 	}, src.Snapshot())
 	if err != nil {
-		src.close()
-		return nil, err
+		return fail(err)
 	}
 	out := &Tier2{inst: inst}
 	fs, err := listen("tier2", f.Listen, inst.Handler())
 	if err != nil {
-		src.close()
-		return nil, err
+		return fail(err)
 	}
+	opened = append(opened, fs.ln)
 	frontDoorServer(fs, inst.Router.Abort)
-	out.servers = append(out.servers, fs)
+	out.listeners = append(out.listeners, fs)
 	if f.Metrics != "" {
 		admin := metricsMux(reg)
 		admin.Handle("GET /meridian/canary", inst.AdminHandler())
 		ms, err := listen("tier2 metrics", f.Metrics, admin)
 		if err != nil {
-			fs.ln.Close()
-			src.close()
-			return nil, err
+			return fail(err)
 		}
-		out.servers = append(out.servers, ms)
+		opened = append(opened, ms.ln)
+		out.listeners = append(out.listeners, ms)
 	}
 	var exporter *cloudwatch.Exporter
 	if f.CloudWatch {
 		c, err := cloudwatch.NewClient(ctx, cloudwatch.ClientOptions{Region: f.CloudWatchRegion})
 		if err != nil {
-			src.close()
-			return nil, fmt.Errorf("tier2: --cloudwatch: %w", err)
+			return fail(fmt.Errorf("tier2: --cloudwatch: %w", err))
 		}
 		if exporter, err = cloudwatch.New(c, cloudwatch.Config{Region: f.Region}, cloudwatch.FromGatherer(reg)); err != nil {
-			src.close()
-			return nil, fmt.Errorf("tier2: --cloudwatch: %w", err)
+			return fail(fmt.Errorf("tier2: --cloudwatch: %w", err))
 		}
 	}
 	out.run = func(ctx context.Context) error {
@@ -172,7 +173,7 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 				return nil
 			})
 		}
-		for i, s := range out.servers {
+		for i, s := range out.listeners {
 			if i == 0 && f.TLSCert != "" {
 				g.Go(func() error { return s.serveTLS(gctx, log, f.TLSCert, f.TLSKey) })
 				continue
