@@ -8,9 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -481,11 +482,7 @@ func (lp *LivePod) String() string {
 }
 
 func formatLabels(l map[string]string) string {
-	keys := make([]string, 0, len(l))
-	for k := range l {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(l))
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		parts[i] = k + "=" + strconv.Quote(l[k])

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -101,12 +102,7 @@ func printUp(out io.Writer, tenant string, p *platform.Platform) {
 	for _, r := range p.Regions {
 		fmt.Fprintf(out, "  %-10s %s\n", r, p.Endpoints[r])
 	}
-	clusters := make([]string, 0, len(p.Tier1))
-	for c := range p.Tier1 {
-		clusters = append(clusters, c)
-	}
-	slices.Sort(clusters)
-	for _, c := range clusters {
+	for _, c := range slices.Sorted(maps.Keys(p.Tier1)) {
 		fmt.Fprintf(out, "  tier1 %-14s http://%s\n", c, p.Tier1[c])
 	}
 	moved := slices.SortedFunc(slices.Values(p.Moved), func(a, b platform.PortMove) int { return strings.Compare(a.What, b.What) })
