@@ -16,33 +16,15 @@ import (
 // the platform is not ready, whatever the other Region's view says.
 func TestReady(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		snap := testkit.Snapshot(t, 1, `apiVersion: meridian.dev/v1alpha1
-kind: Topology
-metadata: {name: t}
-spec:
-  regions:
-  - name: r1
-    clusters: [{name: c1, tier1: "http://127.0.0.1:1"}]
-  - name: r2
-    clusters: [{name: c2, tier1: "http://127.0.0.1:2"}]
+		// Two Regions; pool chat of cluster c1 has two pods.
+		snap := testkit.Snapshot(t, 1, `{apiVersion: meridian.dev/v1alpha1, kind: Topology, metadata: {name: t}, spec: {regions: [
+  {name: r1, clusters: [{name: c1, tier1: "http://127.0.0.1:1"}]}, {name: r2, clusters: [{name: c2, tier1: "http://127.0.0.1:2"}]}]}}
 ---
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  region: r1
-  cluster: c1
-  schedulers:
-  - {name: chat, modelName: chat, modelSelector: {matchLabels: {pool: chat}}}
+{apiVersion: meridian.dev/v1alpha1, kind: InferenceGatewayConfig, metadata: {name: c1}, spec: {region: r1, cluster: c1,
+  schedulers: [{name: chat, modelName: chat, modelSelector: {matchLabels: {pool: chat}}}]}}
 ---
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  cluster: c1
-  endpoints:
-  - {name: p0, address: "127.0.0.1:3", labels: {pool: chat}}
-  - {name: p1, address: "127.0.0.1:4", labels: {pool: chat}}
+{apiVersion: meridian.dev/v1alpha1, kind: StaticEndpoints, metadata: {name: pods}, spec: {cluster: c1, endpoints: [
+  {name: p0, address: "127.0.0.1:3", labels: {pool: chat}}, {name: p1, address: "127.0.0.1:4", labels: {pool: chat}}]}}
 `)
 		p := &Platform{snap: snap, Regions: []string{"r1", "r2"}, fleets: map[string]*regions.Fleet{}}
 		for _, r := range p.Regions {
