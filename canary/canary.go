@@ -22,6 +22,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -346,11 +348,7 @@ func (r *Rollouts) change(ctx context.Context, model string, fn func(mr *config.
 // the public name exactly, or else the rewrite of that name when it has one
 // rule (or one with a rollout).
 func find(snap *config.Snapshot, model string) (*config.ModelRewrite, int, error) {
-	names := make([]string, 0, len(snap.Rewrites))
-	for n := range snap.Rewrites {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(snap.Rewrites))
 	for _, n := range names {
 		if _, rule, err := ruleFor(snap.Rewrites[n], model); err == nil {
 			if matchesExactly(snap.Rewrites[n], rule, model) {

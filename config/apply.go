@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -136,7 +138,7 @@ func planFrom(prefix string, st *etcdState, docs []Document, deletes []ObjectKey
 		origins[KeyOf(prefix, d.Key)] = d
 	}
 	var errs Errors
-	for _, k := range sortedMapKeys(next) {
+	for _, k := range slices.Sorted(maps.Keys(next)) {
 		if strings.HasPrefix(strings.TrimPrefix(k, prefix), "_") {
 			continue
 		}
@@ -156,7 +158,7 @@ func planFrom(prefix string, st *etcdState, docs []Document, deletes []ObjectKey
 		return nil, err
 	}
 	p := &Plan{Prefix: prefix, Revision: st.Revision, Result: result, guardRev: st.GuardRev, modRevs: modRevs}
-	for _, k := range sortedMapKeys(next) {
+	for _, k := range slices.Sorted(maps.Keys(next)) {
 		old, had := st.Objects[k]
 		switch {
 		case !had:
@@ -165,7 +167,7 @@ func planFrom(prefix string, st *etcdState, docs []Document, deletes []ObjectKey
 			p.Changes = append(p.Changes, Change{Op: OpUpdate, Key: keyFrom(prefix, k), Old: old.Value, New: next[k]})
 		}
 	}
-	for _, k := range sortedMapKeys(st.Objects) {
+	for _, k := range slices.Sorted(maps.Keys(st.Objects)) {
 		if _, ok := next[k]; !ok {
 			p.Changes = append(p.Changes, Change{Op: OpDelete, Key: keyFrom(prefix, k), Old: st.Objects[k].Value})
 		}

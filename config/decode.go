@@ -4,8 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -41,12 +42,7 @@ var kinds = map[string]kindInfo{
 
 // Kinds returns the kinds Meridian reads, sorted.
 func Kinds() []string {
-	out := make([]string, 0, len(kinds))
-	for k := range kinds {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(kinds))
 }
 
 // Decode splits a multi-document YAML stream and decodes every document
@@ -215,7 +211,7 @@ func checkShape(path string, v any, t reflect.Type) []shapeErr {
 		}
 		fields := jsonFields(t)
 		var errs []shapeErr
-		for _, k := range sortedKeys(m) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
 			f, ok := fields[k]
 			if !ok {
 				errs = append(errs, shapeErr{join(path, k), fmt.Sprintf("strict decoding error: unknown field %q", k), true})
@@ -230,7 +226,7 @@ func checkShape(path string, v any, t reflect.Type) []shapeErr {
 			return []shapeErr{{path: path, msg: "want a mapping, got " + jsonKind(v)}}
 		}
 		var errs []shapeErr
-		for _, k := range sortedKeys(m) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
 			errs = append(errs, checkShape(join(path, k), m[k], t.Elem())...)
 		}
 		return errs
@@ -308,15 +304,6 @@ func join(path, k string) string {
 		return k
 	}
 	return path + "." + k
-}
-
-func sortedKeys(m map[string]any) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 func contains(list []string, s string) bool {

@@ -36,27 +36,14 @@ func ReadDir(dir string) ([]Document, []string, error) {
 		docs, errs := Decode(dir, data)
 		return docs, []string{dir}, errs.Err()
 	}
-	var files []string
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		name := d.Name()
-		if p != dir && strings.HasPrefix(name, ".") {
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !d.IsDir() && (strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
-			files = append(files, p)
-		}
-		return nil
-	})
+	rel, err := yamlFiles(os.DirFS(dir))
 	if err != nil {
 		return nil, nil, fmt.Errorf("config: reading %s: %w", dir, err)
 	}
-	sort.Strings(files)
+	files := make([]string, len(rel))
+	for i, f := range rel {
+		files[i] = filepath.Join(dir, filepath.FromSlash(f))
+	}
 	var docs []Document
 	var errs Errors
 	var read []string
@@ -83,9 +70,9 @@ func ReadDir(dir string) ([]Document, []string, error) {
 	return docs, read, errs.Err()
 }
 
-// ReadFS is ReadDir over a file system (for configuration embedded in the
-// binary). Paths in errors are prefixed with name.
-func ReadFS(fsys fs.FS, name string) ([]Document, error) {
+// yamlFiles lists the YAML files of fsys, sorted, skipping hidden files
+// and folders.
+func yamlFiles(fsys fs.FS) ([]string, error) {
 	var files []string
 	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -102,10 +89,17 @@ func ReadFS(fsys fs.FS, name string) ([]Document, error) {
 		}
 		return nil
 	})
+	sort.Strings(files)
+	return files, err
+}
+
+// ReadFS is ReadDir over a file system (for configuration embedded in the
+// binary). Paths in errors are prefixed with name.
+func ReadFS(fsys fs.FS, name string) ([]Document, error) {
+	files, err := yamlFiles(fsys)
 	if err != nil {
 		return nil, fmt.Errorf("config: reading %s: %w", name, err)
 	}
-	sort.Strings(files)
 	var docs []Document
 	var errs Errors
 	for _, f := range files {

@@ -6,9 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -86,11 +87,7 @@ func readState(ctx context.Context, cli *clientv3.Client, prefix string) (*etcdS
 
 // decodeObjects decodes etcd values into documents, each named by its key.
 func decodeObjects(prefix string, objs map[string][]byte) ([]Document, Errors) {
-	keys := make([]string, 0, len(objs))
-	for k := range objs {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(objs))
 	var docs []Document
 	var errs Errors
 	for _, k := range keys {

@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/url"
@@ -115,10 +116,10 @@ func (b *builder) collect(docs []Document) {
 
 func (b *builder) validate() {
 	// Order matters: adapters and served models feed later checks.
-	for _, name := range sortedMapKeys(b.s.ConfigMaps) {
+	for _, name := range slices.Sorted(maps.Keys(b.s.ConfigMaps)) {
 		b.configMap(b.s.ConfigMaps[name])
 	}
-	for _, name := range sortedMapKeys(b.s.EndpointPickers) {
+	for _, name := range slices.Sorted(maps.Keys(b.s.EndpointPickers)) {
 		key := ObjectKey{KindEndpointPicker, name}
 		b.endpointPicker(key, "", b.s.EndpointPickers[name])
 	}
@@ -133,7 +134,7 @@ func (b *builder) validate() {
 		b.gateway(g)
 	}
 	// Adapters: their base model must be served.
-	for _, name := range sortedMapKeys(b.s.ConfigMaps) {
+	for _, name := range slices.Sorted(maps.Keys(b.s.ConfigMaps)) {
 		cm := b.s.ConfigMaps[name]
 		if cm.Metadata.Labels[BBRManagedLabel] != "true" {
 			continue
@@ -149,19 +150,19 @@ func (b *builder) validate() {
 		base, ok := b.s.Adapters[m]
 		return ok && served[base]
 	}
-	for _, name := range sortedMapKeys(b.s.Pools) {
+	for _, name := range slices.Sorted(maps.Keys(b.s.Pools)) {
 		b.pool(b.s.Pools[name])
 	}
-	for _, name := range sortedMapKeys(b.s.Rewrites) {
+	for _, name := range slices.Sorted(maps.Keys(b.s.Rewrites)) {
 		b.rewrite(b.s.Rewrites[name], callable)
 	}
-	for _, name := range sortedMapKeys(b.s.Tenants) {
+	for _, name := range slices.Sorted(maps.Keys(b.s.Tenants)) {
 		b.tenant(b.s.Tenants[name], callable)
 	}
 	for _, se := range b.s.StaticEndpoints {
 		b.staticEndpoints(se)
 	}
-	for _, name := range sortedMapKeys(b.s.Objectives) {
+	for _, name := range slices.Sorted(maps.Keys(b.s.Objectives)) {
 		b.objective(b.s.Objectives[name])
 	}
 }
@@ -225,11 +226,7 @@ var pluginTypes = map[string]string{
 }
 
 func knownPluginTypes() string {
-	keys := make([]string, 0, len(pluginTypes))
-	for k := range pluginTypes {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(pluginTypes))
 	return strings.Join(keys, ", ")
 }
 
@@ -270,11 +267,7 @@ func (b *builder) otherPluginParams(key ObjectKey, path string, pl PluginSpec) b
 	}
 	ok := true
 	known := pluginParams[pl.Type]
-	names := make([]string, 0, len(m))
-	for k := range m {
-		names = append(names, k)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(m))
 	for _, k := range names {
 		if slices.Contains(known, k) {
 			continue
@@ -1111,13 +1104,4 @@ func checkHostPort(a string) error {
 func isFile(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && !st.IsDir()
-}
-
-func sortedMapKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -52,7 +52,9 @@ func GIEThresholds() Thresholds {
 	return Thresholds{Queue: 5, KVCache: 0.8, StaleAfter: 200 * time.Millisecond, StaleIsSaturated: true}
 }
 
-func (t Thresholds) withDefaults() Thresholds {
+// WithDefaults is t with each field that is zero or negative taken from
+// DefaultThresholds (StaleIsSaturated is kept as it is).
+func (t Thresholds) WithDefaults() Thresholds {
 	d := DefaultThresholds()
 	if t.Queue <= 0 {
 		t.Queue = d.Queue
@@ -102,7 +104,7 @@ func (s Saturation) Saturated() bool { return s.Known() && s.Value >= 1 }
 // accounting keeps it from being flooded. When no pod is fresh the pool is
 // unknown (see Known).
 func (t Thresholds) Pool(pods []PodLoad) Saturation {
-	t = t.withDefaults()
+	t = t.WithDefaults()
 	var s Saturation
 	var sum float64
 	for _, p := range pods {
@@ -134,7 +136,7 @@ func (t Thresholds) Pool(pods []PodLoad) Saturation {
 // as if all its pods were stale, so that cluster is blind, not trusted on
 // old numbers nor counted as full.
 func (t Thresholds) Digest(s Saturation, age time.Duration) Saturation {
-	t = t.withDefaults()
+	t = t.WithDefaults()
 	if age <= t.StaleAfter {
 		return s
 	}

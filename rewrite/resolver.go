@@ -21,9 +21,10 @@ package rewrite
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/bits"
 	"net/textproto"
-	"sort"
+	"slices"
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
@@ -190,11 +191,7 @@ func build(rewrites map[string]*config.ModelRewrite) (*table, error) {
 	t := &table{exact: map[string]*route{}}
 	owner := map[string]string{} // model → "rewrite rule" that claimed it
 	genericOwner := ""
-	names := make([]string, 0, len(rewrites))
-	for n := range rewrites {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(rewrites))
 	for _, name := range names {
 		mr := rewrites[name]
 		if mr == nil {

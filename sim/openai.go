@@ -8,9 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -481,11 +482,7 @@ func (lp *LivePod) String() string {
 }
 
 func formatLabels(l map[string]string) string {
-	keys := make([]string, 0, len(l))
-	for k := range l {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(l))
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		parts[i] = k + "=" + strconv.Quote(l[k])
@@ -508,6 +505,16 @@ func appendTokenChunk(b []byte, id, object, model string, created int64, chat bo
 		b = appendJSONString(b, text)
 		b = append(b, `}]`...)
 	}
+	b = appendChunkTail(b, id, object, model, created)
+	if prompt >= 0 {
+		b = appendUsage(b, prompt, completion, -1)
+	}
+	return append(b, '}')
+}
+
+// appendChunkTail appends what follows a chunk's choices: its created,
+// id, model and object, in json.Marshal's key order.
+func appendChunkTail(b []byte, id, object, model string, created int64) []byte {
 	b = append(b, `,"created":`...)
 	b = strconv.AppendInt(b, created, 10)
 	b = append(b, `,"id":`...)
@@ -515,16 +522,23 @@ func appendTokenChunk(b []byte, id, object, model string, created int64, chat bo
 	b = append(b, `,"model":`...)
 	b = appendJSONString(b, model)
 	b = append(b, `,"object":`...)
-	b = appendJSONString(b, object)
-	if prompt >= 0 {
-		b = append(b, `,"usage":{"completion_tokens":`...)
-		b = strconv.AppendInt(b, int64(completion), 10)
-		b = append(b, `,"prompt_tokens":`...)
-		b = strconv.AppendInt(b, int64(prompt), 10)
-		b = append(b, `,"total_tokens":`...)
-		b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	return appendJSONString(b, object)
+}
+
+// appendUsage appends a chunk's usage, with prompt_tokens_details when
+// cached >= 0.
+func appendUsage(b []byte, prompt, completion, cached int) []byte {
+	b = append(b, `,"usage":{"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(completion), 10)
+	b = append(b, `,"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt), 10)
+	if cached >= 0 {
+		b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+		b = strconv.AppendInt(b, int64(cached), 10)
 		b = append(b, '}')
 	}
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt+completion), 10)
 	return append(b, '}')
 }
 
@@ -552,21 +566,8 @@ func responseID() string {
 // appendUsageChunk appends the JSON of the final usage chunk (no choices):
 // the bytes json.Marshal writes for the event with usage(&out).
 func appendUsageChunk(b []byte, id, object, model string, created int64, prompt, completion, cached int) []byte {
-	b = append(b, `{"choices":[],"created":`...)
-	b = strconv.AppendInt(b, created, 10)
-	b = append(b, `,"id":`...)
-	b = appendJSONString(b, id)
-	b = append(b, `,"model":`...)
-	b = appendJSONString(b, model)
-	b = append(b, `,"object":`...)
-	b = appendJSONString(b, object)
-	b = append(b, `,"usage":{"completion_tokens":`...)
-	b = strconv.AppendInt(b, int64(completion), 10)
-	b = append(b, `,"prompt_tokens":`...)
-	b = strconv.AppendInt(b, int64(prompt), 10)
-	b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
-	b = strconv.AppendInt(b, int64(cached), 10)
-	b = append(b, `},"total_tokens":`...)
-	b = strconv.AppendInt(b, int64(prompt+completion), 10)
-	return append(b, `}}`...)
+	b = append(b, `{"choices":[]`...)
+	b = appendChunkTail(b, id, object, model, created)
+	b = appendUsage(b, prompt, completion, cached)
+	return append(b, '}')
 }

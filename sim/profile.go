@@ -2,7 +2,8 @@ package sim
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 )
@@ -157,12 +158,7 @@ var profiles = builtinProfiles()
 
 // ProfileNames lists the built-in profiles, sorted.
 func ProfileNames() []string {
-	names := make([]string, 0, len(profiles))
-	for n := range profiles {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
+	return slices.Sorted(maps.Keys(profiles))
 }
 
 // LookupProfile returns a copy of the built-in profile with that name

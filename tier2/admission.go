@@ -166,17 +166,7 @@ func (a *Admission) saturationVersion(model, region string, local bool) (priorit
 }
 
 func (a *Admission) thresholds() priority.Thresholds {
-	th, d := a.settings().th, priority.DefaultThresholds()
-	if th.Queue <= 0 {
-		th.Queue = d.Queue
-	}
-	if th.KVCache <= 0 {
-		th.KVCache = d.KVCache
-	}
-	if th.StaleAfter <= 0 {
-		th.StaleAfter = d.StaleAfter
-	}
-	return th
+	return a.settings().th.WithDefaults()
 }
 
 // observeLocked hands model's local saturation to its Gate when a digest

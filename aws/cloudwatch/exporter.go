@@ -18,8 +18,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -244,11 +245,7 @@ func (e *Exporter) datums(prev, cur Aggregates, now time.Time) []types.MetricDat
 	for m := range cur.TTFT {
 		models[m] = true
 	}
-	names := make([]string, 0, len(models))
-	for m := range models {
-		names = append(names, m)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(models))
 
 	var requests, throttled uint64
 	for _, m := range names {

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -462,11 +463,7 @@ func MakePlan(ctx context.Context, client *route53.Client, cfg Config) (*Plan, e
 			p.Changes = append(p.Changes, RecordChange{Action: types.ChangeActionUpsert, Old: &old, New: &want, NewHealthCheck: newHC})
 		}
 	}
-	stale := make([]string, 0, len(current))
-	for region := range current {
-		stale = append(stale, region)
-	}
-	sort.Strings(stale)
+	stale := slices.Sorted(maps.Keys(current))
 	for _, region := range stale {
 		r := current[region]
 		if cfg.Prune {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/meridian-router/meridian/canary"
 	"github.com/meridian-router/meridian/config"
-	"github.com/meridian-router/meridian/tier2"
 )
 
 func init() { extraCommands = append(extraCommands, newCanaryCmd) }
@@ -44,19 +43,6 @@ func (f *canaryFlags) open() (*canary.Rollouts, func(), error) {
 		return &canary.Rollouts{Backend: canary.NewEtcd(&config.Store{Client: cli, Prefix: f.prefix})}, func() { cli.Close() }, nil
 	}
 	return nil, nil, &exitError{2, errors.New("set --etcd ENDPOINTS (or --config DIR for a local directory)")}
-}
-
-// canaryStore is the rollout store Tier-2's analysis writes through: etcd
-// when the configuration comes from etcd, none (report only) otherwise.
-func canaryStore(src sourceFlags) (tier2.RolloutStore, func(), error) {
-	if len(src.endpoints) == 0 {
-		return nil, func() {}, nil
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: src.endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		return nil, nil, fmt.Errorf("etcd: %w", err)
-	}
-	return canary.NewEtcd(&config.Store{Client: cli, Prefix: src.prefix}), func() { cli.Close() }, nil
 }
 
 func newCanaryCmd() *cobra.Command {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,6 +23,8 @@ import (
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/config/configtest"
 	"github.com/meridian-router/meridian/internal/testkit"
+	"github.com/meridian-router/meridian/platform"
+	"github.com/meridian-router/meridian/platform/platformtest"
 	"github.com/meridian-router/meridian/rewrite"
 	"github.com/meridian-router/meridian/sim"
 )
@@ -32,13 +33,13 @@ import (
 // stable chat-v1 is served only in us-east-1 and the canary chat-v2 only in
 // eu-west-1, so every split crosses Regions and the serving cluster names
 // the target.
-func canaryPlatform(t *testing.T) (*Platform, *configtest.Etcd) {
+func canaryPlatform(t *testing.T) (*platform.Platform, *configtest.Etcd) {
 	t.Helper()
 	t.Setenv("TMPDIR", t.TempDir()) // where up keeps its last-known-good copies
 	e := configtest.StartEtcd(t)
 	port := map[string]string{}
 	for _, n := range []string{"t2-us", "t1-us", "h-us", "t2-eu", "t1-eu", "h-eu", "us-chat-0", "eu-next-0"} {
-		port[n] = freePort(t)
+		port[n] = platformtest.FreePort(t)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: meridian.dev/v1alpha1
@@ -90,24 +91,14 @@ spec:
 	if err := os.WriteFile(filepath.Join(dir, "platform.yaml"), []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p, err := startUp(ctx, upFlags{dir: dir, etcd: []string{e.Endpoint()}, prefix: config.DefaultPrefix,
-		timeScale: 50, crossDelay: 5 * time.Millisecond, tenant: "team-a"}, slog.New(slog.DiscardHandler))
+	p, err := platformtest.Run(t, platform.Config{Dir: dir, Etcd: []string{e.Endpoint()}, Prefix: config.DefaultPrefix,
+		TimeScale: 50, CrossRegionDelay: 5 * time.Millisecond, Tenant: "team-a"})
 	if err != nil {
-		cancel()
 		t.Fatalf("start platform: %v", err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- p.run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("platform stopped with: %v", err)
-		}
-	})
 	for _, region := range p.Regions {
 		testkit.Eventually(t, region+" Tier-2 ready with both Regions' digests", func() bool {
-			c := client(p, region, p.Token)
+			c := platformtest.Client(p, region, p.Token)
 			for _, m := range []string{"chat-v1", "chat-v2"} {
 				if _, err := c.Models.Get(context.Background(), m); err != nil {
 					return false
@@ -142,10 +133,10 @@ func mustCanary(t *testing.T, e *configtest.Etcd, args ...string) string {
 
 // served asks for the public name chat as session and returns the
 // cluster that answered (use1: chat-v1, euw1: chat-v2).
-func served(p *Platform, region, session string) (string, error) {
+func served(p *platform.Platform, region, session string) (string, error) {
 	var resp *http.Response
-	c := client(p, region, p.Token)
-	out, err := c.Chat.Completions.New(context.Background(), ask("chat"),
+	c := platformtest.Client(p, region, p.Token)
+	out, err := c.Chat.Completions.New(context.Background(), platformtest.Ask("chat"),
 		option.WithResponseInto(&resp), option.WithHeader("x-session-id", session))
 	if err != nil {
 		return "", err
@@ -513,7 +504,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 
 // observed runs `canary status chat --json --tier2 (both)` and returns the
 // merged cohort, once both Tier-2s report one with at least requests.
-func observed(t *testing.T, p *Platform, e *configtest.Etcd, requests int64) canary.Status {
+func observed(t *testing.T, p *platform.Platform, e *configtest.Etcd, requests int64) canary.Status {
 	t.Helper()
 	var st canary.Status
 	testkit.Eventually(t, fmt.Sprintf("status shows a cohort of %d requests", requests), func() bool {
@@ -548,7 +539,7 @@ func setStickiness(t *testing.T, e *configtest.Etcd, sk config.Stickiness) {
 // beside the configured weight, and warns when the stickiness key has too
 // few values for the weight to mean anything. It runs on
 // TestCanaryEndToEnd's platform.
-func observedCohort(t *testing.T, p *Platform, e *configtest.Etcd) {
+func observedCohort(t *testing.T, p *platform.Platform, e *configtest.Etcd) {
 	ctx := context.Background()
 	tier2s := tier2Admins(p)
 	// measuring waits until both Tier-2s measure the rollout's current
@@ -573,15 +564,15 @@ func observedCohort(t *testing.T, p *Platform, e *configtest.Etcd) {
 		tenants := []string{"team-a", "team-b", "team-c", "team-d", "team-e"}
 		onCanary := 0
 		for i, tenant := range tenants {
-			tok, err := p.sign(tenant)
+			tok, err := p.Sign(tenant)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for j := range 4 {
 				region := p.Regions[(i+j)%len(p.Regions)]
 				var resp *http.Response
-				c := client(p, region, tok)
-				if _, err := c.Chat.Completions.New(ctx, ask("chat"), option.WithResponseInto(&resp)); err != nil {
+				c := platformtest.Client(p, region, tok)
+				if _, err := c.Chat.Completions.New(ctx, platformtest.Ask("chat"), option.WithResponseInto(&resp)); err != nil {
 					t.Fatal(err)
 				}
 				if resp.Header.Get("x-meridian-cluster") == "euw1" {
@@ -712,7 +703,7 @@ spec:
 
 // tier2Admins lists the Tier-2s' admin (metrics) listeners, where the live
 // canary analysis is served, for `canary status --tier2`.
-func tier2Admins(p *Platform) string {
+func tier2Admins(p *platform.Platform) string {
 	var admins []string
 	for _, m := range p.Metrics {
 		if m.Labels["job"] == "meridian-tier2" {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/meridian-router/meridian/platform/platformtest"
 	"github.com/meridian-router/meridian/tier1/hygiene"
 )
 
@@ -67,7 +68,7 @@ func reorderedTool(call int) string {
 // system prompt starts with a fresh timestamp, B's ends with it, C's
 // starts with a tool schema whose keys are reordered on each call.
 func TestDiagnosePromptsEndToEnd(t *testing.T) {
-	p := testPlatform(t)
+	p := platformtest.Start(t, nil)
 	ctx := context.Background()
 	static := hygienePrompt()
 	system := map[string]func(i int) string{
@@ -109,7 +110,7 @@ func TestDiagnosePromptsEndToEnd(t *testing.T) {
 		}
 	}
 	for tenant, sys := range system {
-		c := client(p, "us-east-1", mustToken(t, p, tenant))
+		c := platformtest.Client(p, "us-east-1", platformtest.Token(t, p, tenant))
 		for _, model := range models {
 			wg.Go(func() {
 				for i := range perTenantAndModel {

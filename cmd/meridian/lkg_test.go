@@ -2,11 +2,9 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,85 +15,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/meridian-router/meridian/config"
-	"github.com/meridian-router/meridian/config/configtest"
 	"github.com/meridian-router/meridian/internal/testkit"
 )
-
-// `meridian tier2 --etcd` resolves the example's relative jwksFile
-// (keys/jwks.json) against --config-root, since an etcd key is no place on
-// disk; without it (the working directory here) the file is not found.
-func TestTier2EtcdRelativeJWKSFile(t *testing.T) {
-	e := configtest.StartEtcd(t)
-	const platform = "../../deploy/examples/platform"
-	docs, _, err := config.ReadDir(platform)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := &config.Store{Client: e.Client}
-	plan, err := store.PlanApply(t.Context(), docs, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Commit(t.Context(), plan); err != nil {
-		t.Fatal(err)
-	}
-	flags := func(root string) tier2Flags {
-		return tier2Flags{src: sourceFlags{endpoints: []string{e.Endpoint()}, prefix: config.DefaultPrefix,
-			cache: filepath.Join(t.TempDir(), "lkg.json"), root: root}, region: "us-east-1", name: "t2", listen: "127.0.0.1:0"}
-	}
-	log := slog.New(slog.DiscardHandler)
-	if _, err := startTier2(t.Context(), flags(""), nil, nil, log, nil); err == nil || !strings.Contains(err.Error(), "jwks.json") {
-		t.Fatalf("without --config-root: %v, want the missing keys/jwks.json named", err)
-	}
-	f := flags(platform)
-	f.metrics = "127.0.0.1:0"
-	t2, err := startTier2(t.Context(), f, nil, nil, log, nil)
-	if err != nil {
-		t.Fatalf("tier2 --etcd --config-root %s: %v", platform, err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- t2.run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Error(err)
-		}
-	}()
-
-	// A topology-less configuration is refused by Tier-2, so it is counted
-	// as an invalid reload, not an ok one.
-	metrics := "http://" + t2.servers[1].Addr() + "/metrics"
-	scrape := func() string {
-		resp, err := http.Get(metrics)
-		if err != nil {
-			return ""
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
-	}
-	testkit.Eventually(t, "etcd reported up", func() bool { return strings.Contains(scrape(), "meridian_config_etcd_up 1") })
-	if _, err := e.Client.Delete(t.Context(), config.KeyOf(config.DefaultPrefix, config.ObjectKey{Kind: config.KindTopology, Name: "global"})); err != nil {
-		t.Fatal(err)
-	}
-	testkit.Eventually(t, "the topology-less configuration counted invalid", func() bool {
-		return strings.Contains(scrape(), `meridian_config_reloads_total{result="invalid"} 1`)
-	})
-	if m := scrape(); !strings.Contains(m, `meridian_config_reloads_total{result="ok"} 1`) {
-		t.Fatalf("reloads after the refusal:\n%s", grepLines(m, "meridian_config_reloads_total"))
-	}
-}
-
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
 
 // Row "etcd emptied" end to end: an `etcdctl del --prefix` by mistake
 // under a running `meridian up --etcd`. Every component refuses the empty
@@ -141,7 +62,7 @@ func TestEtcdEmptiedKeepsServing(t *testing.T) {
 			if errors.As(err, &apiErr) {
 				err = fmt.Errorf("%w: %s", err, apiErr.RawJSON())
 			}
-			t.Fatalf("request %d to %s after etcd was emptied: served by %q, %v\ndigests: %+v", i, region, c, err, p.fleets[region].Digests().Digests())
+			t.Fatalf("request %d to %s after etcd was emptied: served by %q, %v\ndigests: %+v", i, region, c, err, p.Fleet(region).Digests().Digests())
 		}
 	}
 	for f, b := range before {

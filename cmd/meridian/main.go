@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/meridian-router/meridian/platform"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -40,8 +42,11 @@ func main() {
 	}
 	fmt.Fprintln(os.Stderr, err)
 	var ee *exitError
-	if errors.As(err, &ee) {
+	switch {
+	case errors.As(err, &ee):
 		os.Exit(ee.code)
+	case errors.Is(err, platform.ErrUsage):
+		os.Exit(2)
 	}
 	os.Exit(1)
 }

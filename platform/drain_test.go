@@ -1,4 +1,4 @@
-package main
+package platform_test
 
 import (
 	"bufio"
@@ -17,19 +17,20 @@ import (
 
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/internal/testkit"
+	"github.com/meridian-router/meridian/platform"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier2"
 )
 
-// drainDoor is a front door as `meridian tier2` serves it (frontDoorServer
-// over a real router), in front of one simulated pod standing in for the
-// cluster's Tier-1.
+// drainDoor is a front door as StartTier2 serves it (over a real
+// router), in front of one simulated pod standing in for the cluster's
+// Tier-1.
 type drainDoor struct {
-	s      *server
+	addr   string
 	url    string
 	cancel context.CancelFunc // what SIGTERM/SIGINT do (main's NotifyContext)
-	served chan error         // serve's result
+	served <-chan error       // serve's result
 }
 
 func startDrainDoor(t *testing.T, pod string, drainAfter time.Duration) *drainDoor {
@@ -73,18 +74,16 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := listen("tier2", "127.0.0.1:0", r.Handler())
+	ctx, cancel := context.WithCancel(context.Background())
+	addr, served, closeNow, err := platform.ServeFrontDoor(ctx, r.Handler(), r.Abort, drainAfter, log)
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
-	frontDoorServer(s, r.Abort)
-	s.drainAfter = drainAfter
-	ctx, cancel := context.WithCancel(context.Background())
-	d := &drainDoor{s: s, url: "http://" + s.Addr(), cancel: cancel, served: make(chan error, 1)}
-	go func() { d.served <- s.serve(ctx, log) }()
+	d := &drainDoor{addr: addr, url: "http://" + addr, cancel: cancel, served: served}
 	t.Cleanup(func() {
 		cancel()
-		s.srv.Close()
+		closeNow()
 	})
 	return d
 }
@@ -140,7 +139,7 @@ func (d *drainDoor) openStreams(t *testing.T, n, maxTokens int) <-chan streamOut
 
 // refuses reports whether a new connection to the door is refused.
 func (d *drainDoor) refuses() bool {
-	c, err := net.Dial("tcp", d.s.Addr())
+	c, err := net.Dial("tcp", d.addr)
 	if err == nil {
 		c.Close()
 	}

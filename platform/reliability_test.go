@@ -1,4 +1,4 @@
-package main
+package platform_test
 
 import (
 	"bufio"
@@ -18,6 +18,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/meridian-router/meridian/internal/testkit"
+	"github.com/meridian-router/meridian/platform"
+	"github.com/meridian-router/meridian/platform/platformtest"
 	"github.com/meridian-router/meridian/sim"
 )
 
@@ -83,7 +85,7 @@ func streamChat(ctx context.Context, endpoint, token, model string, maxTokens in
 	return o
 }
 
-func podsNamed(p *Platform, prefix string) []*sim.LivePod {
+func podsNamed(p *platform.Platform, prefix string) []*sim.LivePod {
 	var out []*sim.LivePod
 	for _, lp := range p.Pods {
 		if strings.HasPrefix(lp.Name(), prefix) {
@@ -97,9 +99,9 @@ func TestReliability(t *testing.T) {
 	// Tier-2's upstream timeouts shortened from 60 s and 10 min so the
 	// hung-pod row runs in seconds; the other rows do not reach them.
 	const headerTimeout, idleTimeout = 3 * time.Second, 5 * time.Second
-	p := testPlatformWith(t, func(f *upFlags) {
-		f.front.UpstreamHeaderTimeout, f.front.UpstreamResponseTimeout = headerTimeout, headerTimeout
-		f.front.StreamIdleTimeout = idleTimeout
+	p := platformtest.Start(t, func(c *platform.Config) {
+		c.FrontDoor.UpstreamHeaderTimeout, c.FrontDoor.UpstreamResponseTimeout = headerTimeout, headerTimeout
+		c.FrontDoor.StreamIdleTimeout = idleTimeout
 	})
 	ctx := context.Background()
 	us, eu := p.Endpoints["us-east-1"], p.Endpoints["eu-west-1"]
@@ -143,14 +145,14 @@ func TestReliability(t *testing.T) {
 		}
 		// Non-streaming requests fail at the pod before any byte reaches
 		// the caller, so each is retried on a healthy cluster.
-		c := client(p, "us-east-1", p.Token)
+		c := platformtest.Client(p, "us-east-1", p.Token)
 		for i := range 8 {
-			if _, err := c.Chat.Completions.New(ctx, ask("fast")); err != nil {
+			if _, err := c.Chat.Completions.New(ctx, platformtest.Ask("fast")); err != nil {
 				var apiErr *openai.Error
 				if errors.As(err, &apiErr) {
 					err = fmt.Errorf("%w: %s", err, apiErr.RawJSON())
 				}
-				t.Fatalf("non-streaming request %d while use1's pods crash: %v\nfleet: %+v", i, err, p.fleets["us-east-1"].Status())
+				t.Fatalf("non-streaming request %d while use1's pods crash: %v\nfleet: %+v", i, err, p.Fleet("us-east-1").Status())
 			}
 		}
 	})
@@ -220,10 +222,10 @@ func TestReliability(t *testing.T) {
 				t.Errorf("stream %d lost before its first byte: %+v", i, o)
 			}
 		}
-		c := client(p, "us-east-1", p.Token)
+		c := platformtest.Client(p, "us-east-1", p.Token)
 		for i := range 4 {
 			var resp *http.Response
-			if _, err := c.Chat.Completions.New(ctx, ask("fast"), option.WithResponseInto(&resp)); err != nil {
+			if _, err := c.Chat.Completions.New(ctx, platformtest.Ask("fast"), option.WithResponseInto(&resp)); err != nil {
 				t.Fatalf("non-streaming request %d while use1's fast pods hang: %v", i, err)
 			}
 			if got := resp.Header.Get("x-meridian-cluster"); got != "euw1" {

@@ -1,4 +1,4 @@
-package main
+package platform_test
 
 import (
 	"net/http"

@@ -1,4 +1,4 @@
-package main
+package platform
 
 import (
 	"encoding/json"
@@ -6,65 +6,64 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"sort"
 
 	"github.com/meridian-router/meridian/config"
 )
 
-// Port modes of meridian up.
+// Port modes of the local platform (Config.Ports).
 const (
-	// portsConfig listens where the configuration says, and moves a
+	// PortsConfig listens where the configuration says, and moves a
 	// listener whose port is taken to a free one.
-	portsConfig = "config"
-	// portsAuto moves every listener to a free port.
-	portsAuto = "auto"
+	PortsConfig = "config"
+	// PortsAuto moves every listener to a free port.
+	PortsAuto = "auto"
 )
 
-// portMove is one listen address meridian up moved.
-type portMove struct {
+// PortMove is one listen address the local platform moved.
+type PortMove struct {
 	What     string // "tier2/us-east-1", "tier1/us-east-1a", "health/…", "pod/…"
 	From, To string
 }
 
-// upListeners lists the addresses meridian up listens on, from the
+// upListeners lists the addresses the local platform listens on, from the
 // configuration: every Region's first Tier-2, every cluster's Tier-1 and
 // health feed, and every simulated pod. Gossip and metrics always take
 // free ports (127.0.0.1:0), so they are not listed.
-func upListeners(s *config.Snapshot, listen string) []portMove {
-	var out []portMove
+func upListeners(s *config.Snapshot, listen string) []PortMove {
+	var out []PortMove
 	for i, r := range s.Topology.Spec.Regions {
 		switch {
 		case i == 0 && listen != "":
 			// --listen is the operator's choice: used as given.
 		case len(r.Tier2) > 0:
-			out = append(out, portMove{What: "tier2/" + r.Name, From: r.Tier2[0]})
+			out = append(out, PortMove{What: "tier2/" + r.Name, From: r.Tier2[0]})
 		}
 		for _, c := range r.Clusters {
 			if u, err := url.Parse(c.Tier1); err == nil && u.Host != "" {
-				out = append(out, portMove{What: "tier1/" + c.Name, From: u.Host})
+				out = append(out, PortMove{What: "tier1/" + c.Name, From: u.Host})
 			}
 			if c.Health != "" {
-				out = append(out, portMove{What: "health/" + c.Name, From: c.Health})
+				out = append(out, PortMove{What: "health/" + c.Name, From: c.Health})
 			}
 		}
 	}
 	for _, se := range s.StaticEndpoints {
 		for _, ep := range se.Spec.Endpoints {
-			out = append(out, portMove{What: "pod/" + ep.Name, From: ep.Address})
+			out = append(out, PortMove{What: "pod/" + ep.Name, From: ep.Address})
 		}
 	}
 	return out
 }
 
-// planPorts decides where each listener goes: in mode portsAuto every one
-// moves to a free port of the same host; in portsConfig only those whose
+// planPorts decides where each listener goes: in mode PortsAuto every one
+// moves to a free port of the same host; in PortsConfig only those whose
 // port cannot be bound now. The free ports are held until all are chosen,
 // so no two listeners get the same one. It returns the moves made.
-func planPorts(s *config.Snapshot, listen, mode string) ([]portMove, error) {
+func planPorts(s *config.Snapshot, listen, mode string) ([]PortMove, error) {
 	switch mode {
-	case "", portsConfig, portsAuto:
+	case "", PortsConfig, PortsAuto:
 	default:
-		return nil, fmt.Errorf("up: --ports %q: want %s or %s", mode, portsConfig, portsAuto)
+		return nil, fmt.Errorf("up: --ports %q: want %s or %s", mode, PortsConfig, PortsAuto)
 	}
 	var held []net.Listener
 	defer func() {
@@ -72,7 +71,7 @@ func planPorts(s *config.Snapshot, listen, mode string) ([]portMove, error) {
 			l.Close()
 		}
 	}()
-	var moves []portMove
+	var moves []PortMove
 	seen := map[string]bool{}
 	for _, l := range upListeners(s, listen) {
 		if seen[l.From] {
@@ -83,7 +82,7 @@ func planPorts(s *config.Snapshot, listen, mode string) ([]portMove, error) {
 		if err != nil {
 			return nil, fmt.Errorf("up: %s: %w", l.What, err)
 		}
-		if mode != portsAuto {
+		if mode != PortsAuto {
 			ln, err := net.Listen("tcp", l.From)
 			if err == nil {
 				held = append(held, ln) // free: keep it from the next pick
@@ -104,7 +103,7 @@ func planPorts(s *config.Snapshot, listen, mode string) ([]portMove, error) {
 // moveDocs rewrites the Topology and StaticEndpoints documents so that
 // every moved listener's address is its new one, keeping each document's
 // canonical JSON in step.
-func moveDocs(docs []config.Document, moves []portMove) []config.Document {
+func moveDocs(docs []config.Document, moves []PortMove) []config.Document {
 	if len(moves) == 0 {
 		return docs
 	}
@@ -151,12 +150,5 @@ func moveDocs(docs []config.Document, moves []portMove) []config.Document {
 	return docs
 }
 
-// errNoTopology is returned for a configuration meridian up cannot run.
+// errNoTopology is returned for a configuration the local platform cannot run.
 var errNoTopology = errors.New("up: the configuration has no Topology")
-
-// sortedMoves orders moves for printing.
-func sortedMoves(ms []portMove) []portMove {
-	out := append([]portMove(nil), ms...)
-	sort.Slice(out, func(i, j int) bool { return out[i].What < out[j].What })
-	return out
-}

@@ -1,4 +1,4 @@
-package main
+package platform_test
 
 import (
 	"context"
@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/meridian-router/meridian/internal/testkit"
+	"github.com/meridian-router/meridian/platform"
+	"github.com/meridian-router/meridian/platform/platformtest"
 	"github.com/meridian-router/meridian/sim"
 )
 
@@ -65,16 +67,16 @@ spec:
 	return dir, pods
 }
 
-func runTier1Test(t *testing.T, f tier1Flags) *tier1Instance {
+func runTier1Test(t *testing.T, f platform.Tier1Config) *platform.Tier1 {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	inst, err := startTier1(ctx, f, slog.New(slog.DiscardHandler))
+	inst, err := platform.StartTier1(ctx, f, slog.New(slog.DiscardHandler))
 	if err != nil {
 		cancel()
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- inst.run(ctx) }()
+	go func() { done <- inst.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -82,7 +84,7 @@ func runTier1Test(t *testing.T, f tier1Flags) *tier1Instance {
 		}
 	})
 	testkit.Eventually(t, "tier1 ready", func() bool {
-		resp, err := http.Get("http://" + inst.servers[0].Addr() + "/readyz")
+		resp, err := http.Get("http://" + inst.Addr() + "/readyz")
 		if err != nil {
 			return false
 		}
@@ -92,12 +94,12 @@ func runTier1Test(t *testing.T, f tier1Flags) *tier1Instance {
 	return inst
 }
 
-// meridian tier1 in ext_proc mode answers Envoy with the destination.
+// A Tier-1 in ext_proc mode (meridian tier1 --extproc) answers Envoy with the destination.
 func TestTier1ExtProc(t *testing.T) {
 	dir, pods := tier1Config(t, 2)
-	ext := freePort(t)
-	runTier1Test(t, tier1Flags{src: sourceFlags{dir: dir}, listen: "127.0.0.1:0", extproc: ext,
-		scrapeInterval: 20 * time.Millisecond, maxMetricsAge: time.Second})
+	ext := platformtest.FreePort(t)
+	runTier1Test(t, platform.Tier1Config{Source: platform.Source{Dir: dir}, Listen: "127.0.0.1:0", ExtProc: ext,
+		ScrapeInterval: 20 * time.Millisecond, MaxMetricsAge: time.Second})
 	conn, err := grpc.NewClient(ext, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -154,17 +156,17 @@ func TestTier1ExtProc(t *testing.T) {
 	st.CloseSend()
 }
 
-// Two `meridian tier1` replicas with --peers route as one: requests that
+// Two Tier-1 replicas with Peers (meridian tier1 --peers) route as one: requests that
 // share a prefix, taken alternately, land on the same pod.
 func TestTier1ReplicasSharePrefixes(t *testing.T) {
 	dir, _ := tier1Config(t, 4)
-	h1, h2 := freePort(t), freePort(t)
-	common := tier1Flags{src: sourceFlags{dir: dir}, listen: "127.0.0.1:0", scrapeInterval: 20 * time.Millisecond, maxMetricsAge: time.Second}
+	h1, h2 := platformtest.FreePort(t), platformtest.FreePort(t)
+	common := platform.Tier1Config{Source: platform.Source{Dir: dir}, Listen: "127.0.0.1:0", ScrapeInterval: 20 * time.Millisecond, MaxMetricsAge: time.Second}
 	a, b := common, common
-	a.replica, a.health, a.peers = "a", h1, []string{h2}
-	b.replica, b.health, b.peers = "b", h2, []string{h1}
+	a.Replica, a.Health, a.Peers = "a", h1, []string{h2}
+	b.Replica, b.Health, b.Peers = "b", h2, []string{h1}
 	ra, rb := runTier1Test(t, a), runTier1Test(t, b)
-	urls := []string{"http://" + ra.servers[0].Addr(), "http://" + rb.servers[0].Addr()}
+	urls := []string{"http://" + ra.Addr(), "http://" + rb.Addr()}
 	system := strings.Repeat("You are the claims triage assistant for the home insurance line. ", 30)
 	served := map[string]int{}
 	for i := range 16 {
@@ -182,7 +184,7 @@ func TestTier1ReplicasSharePrefixes(t *testing.T) {
 		if i == 0 {
 			// Let the first dispatch reach the other replica's index.
 			testkit.Eventually(t, "the prefix event to reach replica b", func() bool {
-				return ra.exchange != nil && ra.exchange.Stats().Sent > 0 && rb.exchange.Stats().Applied > 0
+				return ra.Exchange != nil && ra.Exchange.Stats().Sent > 0 && rb.Exchange.Stats().Applied > 0
 			})
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package platform_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	promcfg "github.com/meridian-router/meridian/deploy/prometheus"
 	"github.com/meridian-router/meridian/internal/testkit"
+	"github.com/meridian-router/meridian/platform/platformtest"
 )
 
 // TestPrometheusPanels runs a real Prometheus (Debian's package, installed
@@ -30,7 +31,7 @@ func TestPrometheusPanels(t *testing.T) {
 		}
 		t.Skip("prometheus not installed (apt-get install prometheus)")
 	}
-	p := testPlatform(t)
+	p := platformtest.Start(t, nil)
 
 	var targets promcfg.LocalTargets
 	for _, m := range p.Metrics {
@@ -51,7 +52,7 @@ func TestPrometheusPanels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := freePort(t)
+	addr := platformtest.FreePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, bin, "--config.file="+cfgPath, "--storage.tsdb.path="+dir+"/data",
 		"--web.listen-address="+addr, "--log.level=warn")
@@ -98,17 +99,17 @@ func TestPrometheusPanels(t *testing.T) {
 	})
 	// Traffic spread over several scrapes: every model, and a tenant over
 	// its limit for 429s.
-	us := client(p, "us-east-1", p.Token)
-	tiny := client(p, "us-east-1", mustToken(t, p, "tiny"))
+	us := platformtest.Client(p, "us-east-1", p.Token)
+	tiny := platformtest.Client(p, "us-east-1", platformtest.Token(t, p, "tiny"))
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for i := range 40 {
 		model := []string{"fast", "chat-v1", "chat-v2", "chat"}[i%4]
-		if _, err := us.Chat.Completions.New(context.Background(), ask(model)); err != nil {
+		if _, err := us.Chat.Completions.New(context.Background(), platformtest.Ask(model)); err != nil {
 			t.Fatalf("traffic: %v", err)
 		}
-		tiny.Chat.Completions.New(context.Background(), ask("fast")) // 2 per hour: the rest are 429s
-		<-tick.C                                                     // pace the traffic over about 4 scrape intervals
+		tiny.Chat.Completions.New(context.Background(), platformtest.Ask("fast")) // 2 per hour: the rest are 429s
+		<-tick.C                                                                  // pace the traffic over about 4 scrape intervals
 	}
 	cases := []struct {
 		name, expr string

@@ -1,0 +1,201 @@
+package platform
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/meridian-router/meridian/aws/cloudwatch"
+	"github.com/meridian-router/meridian/internal/trust"
+	"github.com/meridian-router/meridian/regions"
+	"github.com/meridian-router/meridian/tier2"
+)
+
+// Tier2Config is one Region's Tier-2 process (meridian tier2's flags, and
+// what the local platform adds).
+type Tier2Config struct {
+	Source Source
+	Region string // the Region this instance serves (required)
+	Name   string // unique name of this instance (gossip and rate-limit peer)
+	Listen string // the OpenAI front door's address
+	// Metrics is the /metrics and GET /meridian/canary listener (empty: off).
+	Metrics       string
+	GossipBind    string   // memberlist bind address (empty: no gossip)
+	Join          []string // gossip addresses of other Tier-2s
+	GossipProfile string   // lan, wan or local; empty: the Topology's
+	// InsecureNoAuth admits callers without a token (development only).
+	InsecureNoAuth bool
+	// SubscribeAll subscribes to every cluster's health feed, not only
+	// this Region's (a lone Tier-2 without gossip).
+	SubscribeAll bool
+	// TLSCert and TLSKey, both set, serve the front door over HTTPS.
+	TLSCert, TLSKey string
+	// CanaryPeriod overrides the Topology's canary analysis period (zero:
+	// the Topology's).
+	CanaryPeriod time.Duration
+	// CloudWatch publishes per-Region aggregates to CloudWatch, in the
+	// AWS Region CloudWatchRegion (empty: the SDK's default).
+	CloudWatch       bool
+	CloudWatchRegion string
+	// IdentityKeyFile holds the key tenant and band are signed with for
+	// Tier-1 (empty: FrontDoor.Tier1Key, else sent unsigned).
+	IdentityKeyFile string
+	FrontDoor       tier2.Config
+	Version         string // meridian_build_info's version
+
+	// Keys verifies callers' tokens (nil: the gateways' JWKS).
+	Keys *tier2.KeySet
+	// Transport carries requests to Tier-1s (nil: tier2.NewTransport).
+	Transport http.RoundTripper
+	// GossipTransport carries gossip (nil: memberlist's own, on GossipBind).
+	GossipTransport memberlist.Transport
+}
+
+// Tier2 is a started Tier-2 process: its instance and listeners.
+type Tier2 struct {
+	inst *tier2.Instance
+	listeners
+	run func(ctx context.Context) error
+}
+
+// Fleet is the instance's view of every cluster.
+func (t *Tier2) Fleet() *regions.Fleet { return t.inst.Fleet }
+
+// Run serves until ctx ends, then drains.
+func (t *Tier2) Run(ctx context.Context) error { return t.run(ctx) }
+
+// StartTier2 binds the listeners of one Tier-2, reads its configuration
+// and joins gossip; Run serves. An error leaves nothing open.
+func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, error) {
+	if f.Region == "" {
+		return nil, usage(errors.New("--region is required"))
+	}
+	switch f.GossipProfile {
+	case "", "lan", "wan", "local":
+	default:
+		return nil, usage(fmt.Errorf("--gossip-profile %q: want lan, wan or local", f.GossipProfile))
+	}
+	if f.CanaryPeriod < 0 {
+		return nil, usage(fmt.Errorf("--canary-period %s: must not be negative", f.CanaryPeriod))
+	}
+	reg := newRegistry(f.Version)
+	root, err := f.Source.fileRoot()
+	if err != nil {
+		return nil, usage(err)
+	}
+	f.Source.check = tier2.Usable
+	src, err := f.Source.open(ctx, reg, log)
+	if err != nil {
+		return nil, err
+	}
+	store, closeStore, err := f.Source.canaryStore()
+	if err != nil {
+		src.close()
+		return nil, err
+	}
+	closeSrc := src.close
+	src.close = func() { closeStore(); closeSrc() }
+	var (
+		opened []io.Closer // the listeners bound so far
+		inst   *tier2.Instance
+	)
+	fail := func(err error) (*Tier2, error) {
+		for _, c := range opened {
+			c.Close()
+		}
+		if inst != nil { // run on an ended context, it leaves the gossip
+			ended, cancel := context.WithCancel(ctx)
+			cancel()
+			inst.Run(ended, nil)
+		}
+		src.close()
+		return nil, err
+	}
+	front := f.FrontDoor
+	if f.IdentityKeyFile != "" {
+		if front.Tier1Key, err = trust.ReadKey(f.IdentityKeyFile); err != nil {
+			return fail(usage(err))
+		}
+	}
+	inst, err = tier2.NewInstance(ctx, tier2.InstanceConfig{
+		Region: f.Region, Name: f.Name, GossipBind: f.GossipBind, GossipJoin: f.Join, GossipProfile: f.GossipProfile,
+		SubscribeAll: f.SubscribeAll, InsecureNoAuth: f.InsecureNoAuth, ConfigDir: root, Keys: f.Keys,
+		Transport: f.Transport, Registerer: reg, Logger: log, GossipTransport: f.GossipTransport,
+		Canary: tier2.CanaryConfig{Store: store, Period: f.CanaryPeriod}, FrontDoor: front,
+	}, src.Snapshot())
+	if err != nil {
+		return fail(err)
+	}
+	out := &Tier2{inst: inst}
+	fs, err := listen("tier2", f.Listen, inst.Handler())
+	if err != nil {
+		return fail(err)
+	}
+	opened = append(opened, fs.ln)
+	frontDoorServer(fs, inst.Router.Abort)
+	out.listeners = append(out.listeners, fs)
+	if f.Metrics != "" {
+		admin := metricsMux(reg)
+		admin.Handle("GET /meridian/canary", inst.AdminHandler())
+		ms, err := listen("tier2 metrics", f.Metrics, admin)
+		if err != nil {
+			return fail(err)
+		}
+		opened = append(opened, ms.ln)
+		out.listeners = append(out.listeners, ms)
+	}
+	var exporter *cloudwatch.Exporter
+	if f.CloudWatch {
+		c, err := cloudwatch.NewClient(ctx, cloudwatch.ClientOptions{Region: f.CloudWatchRegion})
+		if err != nil {
+			return fail(fmt.Errorf("tier2: --cloudwatch: %w", err))
+		}
+		if exporter, err = cloudwatch.New(c, cloudwatch.Config{Region: f.Region}, cloudwatch.FromGatherer(reg)); err != nil {
+			return fail(fmt.Errorf("tier2: --cloudwatch: %w", err))
+		}
+	}
+	out.run = func(ctx context.Context) error {
+		defer src.close()
+		updates := src.Subscribe()
+		go src.run(ctx)
+		g, gctx := errgroup.WithContext(ctx)
+		g.Go(func() error { inst.Run(gctx, updates); return nil })
+		if exporter != nil {
+			g.Go(func() error {
+				exporter.Run(gctx, func(err error) { log.Warn("tier2: CloudWatch export failed; will retry", "error", err) })
+				return nil
+			})
+		}
+		for i, s := range out.listeners {
+			if i == 0 && f.TLSCert != "" {
+				g.Go(func() error { return s.serveTLS(gctx, log, f.TLSCert, f.TLSKey) })
+				continue
+			}
+			g.Go(func() error { return s.serve(gctx, log) })
+		}
+		log.Info("tier2 serving", "region", f.Region, "listen", fs.Addr(), "revision", src.Snapshot().Revision)
+		return g.Wait()
+	}
+	return out, nil
+}
+
+// frontDoorServer sets up the front door's listener: HTTP/1.1 and h2c,
+// at most 64 KiB of request headers (Go answers 431 beyond), and abort
+// (the router's) called at a drain's deadline so that the streams still
+// open get an error event before their connections close.
+func frontDoorServer(s *server, abort func()) {
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetHTTP2(true)
+	protos.SetUnencryptedHTTP2(true)
+	s.srv.Protocols = &protos
+	s.srv.MaxHeaderBytes = 64 << 10
+	s.abort = abort
+}
