@@ -34,7 +34,7 @@ func newUpCmd() *cobra.Command {
 			"in the binary): every Region's Tier-2, every cluster's Tier-1 and simulated model-server pods\n" +
 			"of mixed GPU generations. Cross-Region hops get an injected delay so Region proximity is real.\n" +
 			"It prints the endpoint, a development token and a sample request. Ctrl-C stops everything.",
-		Example: "  meridian up\n  meridian up --ports auto --tenant research\n  meridian up --listen 127.0.0.1:9000 --config deploy/examples/platform",
+		Example: "  meridian up\n  meridian up --ports auto --tenant claims-team\n  meridian up --listen 127.0.0.1:9000 --config deploy/examples/platform",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			level := slog.LevelWarn
