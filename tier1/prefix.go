@@ -1,6 +1,7 @@
 package tier1
 
 import (
+	"math/bits"
 	"sync"
 	"sync/atomic"
 )
@@ -199,13 +200,10 @@ func newer(a *prefixNode, stamp int64, hash uint64) bool {
 // the endpoint already held.
 //
 // It works in passes so that each stripe's lock is taken once: find the
-// blocks the endpoint holds next to the previous block in its own list
-// (the blocks of one prompt were stamped together, so a prompt sent again
-// finds them there without walking a holder chain, which for a system
-// prompt shared by every pod is as long as the pool); look up the others
-// and make nodes for the new ones, stripe by stripe; restamp and link the
-// entries into the endpoint's list in block order; unlink the oldest
-// entries beyond capacity; free them, stripe by stripe.
+// endpoint's node of every block it holds and make nodes for the others,
+// stripe by stripe; restamp and link the entries into the endpoint's list
+// in block order; unlink the oldest entries beyond capacity; free them,
+// stripe by stripe.
 func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64, gie bool) (held int) {
 	if len(hashes) == 0 {
 		return 0
@@ -229,81 +227,71 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	p.found, p.fresh = grow(p.found, n), grow(p.fresh, n)
 	clear(p.fresh)
 
-	// Pass 1: the endpoint's own list, next to the previous block's node.
-	// While every block so far was held, a block not found there is
-	// looked up in its chain at once (a lock for that block alone), so
-	// that the blocks after it can be found next to it: a prompt sent
-	// again is held from its first block, and its tail is new.
-	missing := 0
-	leading := true
-	for i, h := range hashes {
-		p.found[i] = nilNode
-		if i > 0 && p.found[i-1] != nilNode {
-			prev := x.node(p.found[i-1])
-			for _, c := range [2]int32{prev.prev, prev.next} {
-				if c != nilNode && x.node(c).hash == h {
-					p.found[i] = c
-					break
-				}
+	// Pass 1: each block's slot, one stripe at a time: its bitmap says
+	// whether the endpoint holds it, and the endpoint's node is then on
+	// the block's holder chain (first, unless other endpoints were sent
+	// the block since); a block not held gets a new node, unless it is
+	// older than everything a full endpoint keeps: it would be evicted at
+	// once (every entry kept now stays at least as new). Each step first
+	// loads what every block of the run needs next, so that the cache
+	// misses of a run's blocks overlap instead of coming one a block.
+	full := p.n >= p.capacity && p.tail != nilNode
+	var tail prefixNode
+	if full {
+		tail = *x.node(p.tail)
+	}
+	p.byRank = groupByStripe(p.byRank, n, func(i int) (int32, bool) {
+		return stripeOf(hashes[i]), true
+	})
+	for run := range stripeRuns(p.byRank) {
+		st := &x.stripes[stripeOf(hashes[run[0]])]
+		st.mu.Lock()
+		for _, i := range run {
+			p.sink += st.table.touch(hashes[i])
+		}
+		for _, i := range run {
+			if _, head := st.table.holds(hashes[i], slot); head != nilNode {
+				p.sink += uint32(x.link(head).pod)
 			}
 		}
-		if p.found[i] == nilNode && leading {
-			p.found[i] = x.holder(slot, h)
-			leading = p.found[i] != nilNode
+		for _, i := range run {
+			// Again, now that the slots are in the cache: an earlier block
+			// of this event may have added the same hash.
+			h, s := hashes[i], stampOf(int(i))
+			held, head := st.table.holds(h, slot)
+			p.found[i] = nilNode
+			if held {
+				j := head
+				for x.link(j).pod != slot { // the bitmap says it is there
+					j = x.link(j).same
+				}
+				p.found[i] = j
+				continue
+			}
+			if full && newer(&tail, s, h) {
+				continue
+			}
+			j := x.alloc(stripeOf(h))
+			if j == nilNode {
+				continue
+			}
+			*x.node(j) = prefixNode{hash: h, stamp: s, prev: nilNode, next: nilNode}
+			*x.link(j) = holderLink{pod: slot, same: head} // head is nilNode when the hash is new
+			st.table.add(h, j, slot)
+			p.found[i], p.fresh[i] = j, true
 		}
-		if p.found[i] == nilNode {
-			missing++
+		st.mu.Unlock()
+	}
+	// The nodes pass 2 restamps, loaded together.
+	for i, j := range p.found[:n] {
+		if j != nilNode && !p.fresh[i] {
+			p.sink += uint32(x.node(j).stamp)
 		}
 	}
 
-	// Pass 2: holder chains and new nodes, one stripe at a time. An entry
-	// older than everything kept by a full endpoint is not made: it would
-	// be evicted at once (every entry kept now stays at least as new).
-	if missing > 0 {
-		full := p.n >= p.capacity && p.tail != nilNode
-		var tail prefixNode
-		if full {
-			tail = *x.node(p.tail)
-		}
-		p.byRank = groupByStripe(p.byRank, n, func(i int) (int32, bool) {
-			return stripeOf(hashes[i]), p.found[i] == nilNode
-		})
-		for run := range stripeRuns(p.byRank) {
-			st := &x.stripes[stripeOf(hashes[run[0]])]
-			st.mu.Lock()
-			// Load every home slot first: the loads are independent, so
-			// their cache misses overlap instead of coming one a block.
-			for _, i := range run {
-				p.sink += st.table.touch(hashes[i])
-			}
-			for _, i := range run {
-				h, s := hashes[i], stampOf(int(i))
-				head := st.table.get(h, x)
-				for j := head; j != nilNode; j = x.link(j).same {
-					if x.link(j).pod == slot {
-						p.found[i] = j
-						break
-					}
-				}
-				if p.found[i] != nilNode || (full && newer(&tail, s, h)) {
-					continue
-				}
-				j := x.alloc(stripeOf(h))
-				if j == nilNode {
-					continue
-				}
-				*x.node(j) = prefixNode{hash: h, stamp: s, prev: nilNode, next: nilNode}
-				*x.link(j) = holderLink{pod: slot, same: head} // head is nilNode when the hash is new
-				st.table.set(h, j, x)
-				p.found[i], p.fresh[i] = j, true
-			}
-			st.mu.Unlock()
-		}
-	}
-
-	// Pass 3: stamps and list order, in block order.
+	// Pass 2: stamps and list order, in block order.
 	hint := int32(nilNode)
-	leading = true
+	leading := true
 	for i := range hashes {
 		j := p.found[i]
 		if j == nilNode {
@@ -327,7 +315,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 		hint = j
 	}
 
-	// Passes 4 and 5: evict beyond capacity.
+	// Passes 3 and 4: evict beyond capacity.
 	p.gone = p.gone[:0]
 	for p.n > p.capacity {
 		i := p.tail
@@ -344,7 +332,11 @@ func (x *PrefixIndex) holder(slot int32, h uint64) int32 {
 	st := &x.stripes[stripeOf(h)]
 	st.mu.RLock()
 	defer st.mu.RUnlock()
-	for j := st.table.get(h, x); j != nilNode; j = x.link(j).same {
+	held, head := st.table.holds(h, slot)
+	if !held {
+		return nilNode
+	}
+	for j := head; j != nilNode; j = x.link(j).same {
 		if x.link(j).pod == slot {
 			return j
 		}
@@ -488,17 +480,14 @@ func (x *PrefixIndex) unlink(p *podEntries, i int32) {
 }
 
 // drop removes node i, unlinked from its endpoint's list, from its hash
-// chain and frees it. st is its stripe, locked by the caller.
+// chain and its block's bitmap, and frees it. st is its stripe, locked by
+// the caller.
 func (x *PrefixIndex) drop(st *stripe, i int32) {
 	n := x.node(i)
 	l := x.link(i)
-	head := st.table.get(n.hash, x)
+	_, head := st.table.holds(n.hash, l.pod)
 	if head == i {
-		if l.same == nilNode {
-			st.table.del(n.hash, x)
-		} else {
-			st.table.set(n.hash, l.same, x)
-		}
+		head = l.same
 	} else {
 		for j := head; j != nilNode; j = x.link(j).same {
 			if m := x.link(j); m.same == i {
@@ -507,6 +496,7 @@ func (x *PrefixIndex) drop(st *stripe, i int32) {
 			}
 		}
 	}
+	st.table.remove(n.hash, l.pod, head)
 	n.next = st.free
 	st.free = i
 }
@@ -535,22 +525,57 @@ func (x *PrefixIndex) removePod(slot int32) {
 // holds and every holder of each earlier block counts it (GIE's
 // matchLongestPrefix). It returns the number of blocks scanned that some
 // endpoint held.
+//
+// It takes no lock: each block is one read of its slot's bitmap (see
+// blockTable for what a match racing with a dispatch may see). Pools of
+// more than 512 slots allocate the running mask.
 func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool) int {
-	for b, h := range hashes {
-		st := &x.stripes[stripeOf(h)]
-		st.mu.RLock()
-		any := false
-		for i := st.table.get(h, x); i != nilNode; {
-			l := x.link(i)
-			if int(l.pod) < len(counts) && (!consecutive || counts[l.pod] == int32(b)) {
-				counts[l.pod]++
-				any = true
-			}
-			i = l.same
+	nw := (len(counts) + 63) / 64
+	var buf [8]uint64
+	live := buf[:0]
+	if nw > len(buf) {
+		live = make([]uint64, 0, nw)
+	}
+	for w := range nw {
+		m := ^uint64(0)
+		if rest := len(counts) - 64*w; rest < 64 {
+			m = 1<<rest - 1
 		}
-		st.mu.RUnlock()
+		live = append(live, m) // the slots that count
+	}
+	for b, h := range hashes {
+		t := x.stripes[stripeOf(h)].table.slots()
+		i := t.find(h)
+		any := false
+		for w := range live {
+			var held uint64
+			if i >= 0 {
+				held = t.bits(i, w)
+			}
+			if consecutive {
+				now := live[w] & held
+				for gone := live[w] &^ now; gone != 0; gone &= gone - 1 {
+					counts[64*w+bits.TrailingZeros64(gone)] = int32(b)
+				}
+				live[w] = now
+				any = any || now != 0
+				continue
+			}
+			held &= live[w]
+			any = any || held != 0
+			for ; held != 0; held &= held - 1 {
+				counts[64*w+bits.TrailingZeros64(held)]++
+			}
+		}
 		if !any {
 			return b
+		}
+	}
+	if consecutive {
+		for w, m := range live {
+			for ; m != 0; m &= m - 1 {
+				counts[64*w+bits.TrailingZeros64(m)] = int32(len(hashes))
+			}
 		}
 	}
 	return len(hashes)
@@ -560,17 +585,8 @@ func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool) i
 func (x *PrefixIndex) matchOne(slot int32, hashes []uint64, consecutive bool) int {
 	got := 0
 	for _, h := range hashes {
-		st := &x.stripes[stripeOf(h)]
-		st.mu.RLock()
-		held := false
-		for i := st.table.get(h, x); i != nilNode; i = x.link(i).same {
-			if x.link(i).pod == slot {
-				held = true
-				break
-			}
-		}
-		st.mu.RUnlock()
-		if held {
+		t := x.stripes[stripeOf(h)].table.slots()
+		if i := t.find(h); i >= 0 && t.bits(i, int(slot>>6))&(1<<(slot&63)) != 0 {
 			got++
 		} else if consecutive {
 			break
