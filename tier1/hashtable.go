@@ -109,15 +109,18 @@ func (b *blockTable) touch(h uint64) uint32 {
 	return uint32(t.w[int(homeOf(h, t.shift))*t.stride+wordHead].Load())
 }
 
-// holds reports whether endpoint slot pod holds h, and h's chain head
-// (nilNode when h is absent).
-func (b *blockTable) holds(h uint64, pod int32) (held bool, head int32) {
+// holds reports whether endpoint slot pod holds h, h's chain head
+// (nilNode when h is absent) and how many endpoints hold h.
+func (b *blockTable) holds(h uint64, pod int32) (held bool, head int32, holders int) {
 	t := b.cur.Load()
 	i := t.find(h)
 	if i < 0 {
-		return false, nilNode
+		return false, nilNode, 0
 	}
-	return t.bits(i, int(pod>>6))&(1<<(pod&63)) != 0, t.head(i)
+	for k := range t.words() {
+		holders += bits.OnesCount64(t.bits(i, k))
+	}
+	return t.bits(i, int(pod>>6))&(1<<(pod&63)) != 0, t.head(i), holders
 }
 
 // add records that pod holds h and that node is the new head of h's chain,

@@ -61,6 +61,13 @@ const (
 	// all (64 pods of 1M blocks). Past it, new entries are not recorded.
 	maxChunks = 1 << 10
 	nilNode   = -1
+	// unresolvedNode marks, during an add, a block the endpoint holds
+	// whose node is not found yet.
+	unresolvedNode = -2
+	// shortChain is the most holders a block may have for an add to walk
+	// its chain to the endpoint's node; past it the add looks next to the
+	// endpoint's neighbouring blocks first.
+	shortChain = 4
 )
 
 // stripe is the part of the index for the hashes that map to it.
@@ -228,13 +235,14 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	clear(p.fresh)
 
 	// Pass 1: each block's slot, one stripe at a time: its bitmap says
-	// whether the endpoint holds it, and the endpoint's node is then on
-	// the block's holder chain (first, unless other endpoints were sent
-	// the block since); a block not held gets a new node, unless it is
-	// older than everything a full endpoint keeps: it would be evicted at
-	// once (every entry kept now stays at least as new). Each step first
-	// loads what every block of the run needs next, so that the cache
-	// misses of a run's blocks overlap instead of coming one a block.
+	// whether the endpoint holds it. The endpoint's node is then on the
+	// block's holder chain, found there when the chain is short; a block
+	// held by many endpoints (a shared system prompt) is left to pass 1b.
+	// A block not held gets a new node, unless it is older than
+	// everything a full endpoint keeps: it would be evicted at once (every
+	// entry kept now stays at least as new). Each step first loads what
+	// every block of the run needs next, so that the cache misses of a
+	// run's blocks overlap instead of coming one a block.
 	full := p.n >= p.capacity && p.tail != nilNode
 	var tail prefixNode
 	if full {
@@ -243,6 +251,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	p.byRank = groupByStripe(p.byRank, n, func(i int) (int32, bool) {
 		return stripeOf(hashes[i]), true
 	})
+	unresolved := 0
 	for run := range stripeRuns(p.byRank) {
 		st := &x.stripes[stripeOf(hashes[run[0]])]
 		st.mu.Lock()
@@ -250,7 +259,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 			p.sink += st.table.touch(hashes[i])
 		}
 		for _, i := range run {
-			if _, head := st.table.holds(hashes[i], slot); head != nilNode {
+			if _, head, _ := st.table.holds(hashes[i], slot); head != nilNode {
 				p.sink += uint32(x.link(head).pod)
 			}
 		}
@@ -258,8 +267,13 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 			// Again, now that the slots are in the cache: an earlier block
 			// of this event may have added the same hash.
 			h, s := hashes[i], stampOf(int(i))
-			held, head := st.table.holds(h, slot)
+			held, head, holders := st.table.holds(h, slot)
 			p.found[i] = nilNode
+			if held && holders > shortChain {
+				p.found[i] = unresolvedNode
+				unresolved++
+				continue
+			}
 			if held {
 				j := head
 				for x.link(j).pod != slot { // the bitmap says it is there
@@ -281,6 +295,24 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 			p.found[i], p.fresh[i] = j, true
 		}
 		st.mu.Unlock()
+	}
+
+	// Pass 1b: the blocks of long chains, from their neighbours in the
+	// endpoint's own list: the blocks of one prompt were stamped together,
+	// so a prompt sent again finds them next to each other. The first of a
+	// run walks its chain.
+	if unresolved > 0 {
+		for i := range n {
+			if p.found[i] != unresolvedNode {
+				continue
+			}
+			if i > 0 && p.found[i-1] >= 0 && !p.fresh[i-1] {
+				p.found[i] = x.besides(p.found[i-1], hashes[i])
+			}
+			if p.found[i] == unresolvedNode {
+				p.found[i] = x.holder(slot, hashes[i])
+			}
+		}
 	}
 	// The nodes pass 2 restamps, loaded together.
 	for i, j := range p.found[:n] {
@@ -327,12 +359,24 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	return held
 }
 
+// besides returns the neighbour of node i in its endpoint's list whose hash
+// is h, or unresolvedNode.
+func (x *PrefixIndex) besides(i int32, h uint64) int32 {
+	nd := x.node(i)
+	for _, c := range [2]int32{nd.prev, nd.next} {
+		if c != nilNode && x.node(c).hash == h {
+			return c
+		}
+	}
+	return unresolvedNode
+}
+
 // holder returns slot's node for hash h, or nilNode.
 func (x *PrefixIndex) holder(slot int32, h uint64) int32 {
 	st := &x.stripes[stripeOf(h)]
 	st.mu.RLock()
 	defer st.mu.RUnlock()
-	held, head := st.table.holds(h, slot)
+	held, head, _ := st.table.holds(h, slot)
 	if !held {
 		return nilNode
 	}
@@ -485,7 +529,7 @@ func (x *PrefixIndex) unlink(p *podEntries, i int32) {
 func (x *PrefixIndex) drop(st *stripe, i int32) {
 	n := x.node(i)
 	l := x.link(i)
-	_, head := st.table.holds(n.hash, l.pod)
+	_, head, _ := st.table.holds(n.hash, l.pod)
 	if head == i {
 		head = l.same
 	} else {

@@ -194,7 +194,7 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 			if i&stripeMask != st {
 				t.Fatalf("node %d of hash %x lives in stripe %d, want %d", i, nd.hash, i&stripeMask, st)
 			}
-			held, head := x.stripes[st].table.holds(nd.hash, int32(slot))
+			held, head, _ := x.stripes[st].table.holds(nd.hash, int32(slot))
 			if !held {
 				t.Fatalf("entry %x of slot %d missing from its bitmap", nd.hash, slot)
 			}
