@@ -259,7 +259,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 			p.sink += st.table.touch(hashes[i])
 		}
 		for _, i := range run {
-			if _, head, _ := st.table.holds(hashes[i], slot); head != nilNode {
+			if _, head, _ := st.table.holds(hashes[i], slot, x); head != nilNode {
 				p.sink += uint32(x.link(head).pod)
 			}
 		}
@@ -267,7 +267,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 			// Again, now that the slots are in the cache: an earlier block
 			// of this event may have added the same hash.
 			h, s := hashes[i], stampOf(int(i))
-			held, head, holders := st.table.holds(h, slot)
+			held, head, holders := st.table.holds(h, slot, x)
 			p.found[i] = nilNode
 			if held && holders > shortChain {
 				p.found[i] = unresolvedNode
@@ -291,7 +291,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 			}
 			*x.node(j) = prefixNode{hash: h, stamp: s, prev: nilNode, next: nilNode}
 			*x.link(j) = holderLink{pod: slot, same: head} // head is nilNode when the hash is new
-			st.table.add(h, j, slot)
+			st.table.add(h, j, slot, x)
 			p.found[i], p.fresh[i] = j, true
 		}
 		st.mu.Unlock()
@@ -376,7 +376,7 @@ func (x *PrefixIndex) holder(slot int32, h uint64) int32 {
 	st := &x.stripes[stripeOf(h)]
 	st.mu.RLock()
 	defer st.mu.RUnlock()
-	held, head, _ := st.table.holds(h, slot)
+	held, head, _ := st.table.holds(h, slot, x)
 	if !held {
 		return nilNode
 	}
@@ -529,7 +529,7 @@ func (x *PrefixIndex) unlink(p *podEntries, i int32) {
 func (x *PrefixIndex) drop(st *stripe, i int32) {
 	n := x.node(i)
 	l := x.link(i)
-	_, head, _ := st.table.holds(n.hash, l.pod)
+	_, head, _ := st.table.holds(n.hash, l.pod, x)
 	if head == i {
 		head = l.same
 	} else {
@@ -540,7 +540,7 @@ func (x *PrefixIndex) drop(st *stripe, i int32) {
 			}
 		}
 	}
-	st.table.remove(n.hash, l.pod, head)
+	st.table.remove(n.hash, l.pod, head, x)
 	n.next = st.free
 	st.free = i
 }
@@ -561,6 +561,14 @@ func (x *PrefixIndex) removePod(slot int32) {
 	p.head, p.tail, p.n, p.capacity = nilNode, nilNode, 0, 0
 }
 
+// matchScratch is a match's working memory, reused across matches by one
+// caller at a time.
+type matchScratch struct {
+	byRank []int32  // block positions grouped by stripe
+	held   []uint64 // per block, its bitmap's words
+	sink   uint32   // keeps the prefetching loads
+}
+
 // match counts, for every endpoint slot, the leading blocks of hashes it
 // holds, into counts (indexed by slot, zeroed by the caller, long enough
 // for every slot). With consecutive, a slot's count stops at its first
@@ -570,11 +578,40 @@ func (x *PrefixIndex) removePod(slot int32) {
 // matchLongestPrefix). It returns the number of blocks scanned that some
 // endpoint held.
 //
-// It takes no lock: each block is one read of its slot's bitmap (see
-// blockTable for what a match racing with a dispatch may see). Pools of
-// more than 512 slots allocate the running mask.
-func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool) int {
+// It reads every block's bitmap first, one stripe at a time (one read
+// lock a stripe, not a block, so that decisions on other cores, whose
+// dispatches write the stripes, do not trade the locks' cache lines 256
+// times a decision), with the slots' loads overlapping; then it counts in
+// block order. The blocks past the end of the match are read too: the
+// dispatch that follows needs the same slots.
+func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool, sc *matchScratch) int {
 	nw := (len(counts) + 63) / 64
+	n := len(hashes)
+	if nw == 0 || n == 0 {
+		return 0
+	}
+	sc.held = grow(sc.held, n*nw)
+	sc.byRank = groupByStripe(sc.byRank, n, func(i int) (int32, bool) {
+		return stripeOf(hashes[i]), true
+	})
+	for run := range stripeRuns(sc.byRank) {
+		st := &x.stripes[stripeOf(hashes[run[0]])]
+		st.mu.RLock()
+		for _, i := range run {
+			sc.sink += st.table.touch(hashes[i])
+		}
+		for _, i := range run {
+			k := st.table.findTag(hashes[i])
+			for w := range nw {
+				v := uint64(0)
+				if k >= 0 {
+					v = st.table.bits(k, w)
+				}
+				sc.held[int(i)*nw+w] = v
+			}
+		}
+		st.mu.RUnlock()
+	}
 	var buf [8]uint64
 	live := buf[:0]
 	if nw > len(buf) {
@@ -587,15 +624,10 @@ func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool) i
 		}
 		live = append(live, m) // the slots that count
 	}
-	for b, h := range hashes {
-		t := x.stripes[stripeOf(h)].table.slots()
-		i := t.find(h)
+	for b := range n {
 		any := false
 		for w := range live {
-			var held uint64
-			if i >= 0 {
-				held = t.bits(i, w)
-			}
+			held := sc.held[b*nw+w]
 			if consecutive {
 				now := live[w] & held
 				for gone := live[w] &^ now; gone != 0; gone &= gone - 1 {
@@ -618,19 +650,22 @@ func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool) i
 	if consecutive {
 		for w, m := range live {
 			for ; m != 0; m &= m - 1 {
-				counts[64*w+bits.TrailingZeros64(m)] = int32(len(hashes))
+				counts[64*w+bits.TrailingZeros64(m)] = int32(n)
 			}
 		}
 	}
-	return len(hashes)
+	return n
 }
 
 // matchOne is match for one slot.
 func (x *PrefixIndex) matchOne(slot int32, hashes []uint64, consecutive bool) int {
 	got := 0
 	for _, h := range hashes {
-		t := x.stripes[stripeOf(h)].table.slots()
-		if i := t.find(h); i >= 0 && t.bits(i, int(slot>>6))&(1<<(slot&63)) != 0 {
+		st := &x.stripes[stripeOf(h)]
+		st.mu.RLock()
+		held, _, _ := st.table.holds(h, slot, x)
+		st.mu.RUnlock()
+		if held {
 			got++
 		} else if consecutive {
 			break

@@ -18,7 +18,7 @@ func seq(from, n int) []uint64 {
 
 func counts(x *PrefixIndex, hashes []uint64, slots int, consecutive bool) []int32 {
 	c := make([]int32, slots)
-	x.match(hashes, c, consecutive)
+	x.match(hashes, c, consecutive, &matchScratch{})
 	return c
 }
 
@@ -194,7 +194,7 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 			if i&stripeMask != st {
 				t.Fatalf("node %d of hash %x lives in stripe %d, want %d", i, nd.hash, i&stripeMask, st)
 			}
-			held, head, _ := x.stripes[st].table.holds(nd.hash, int32(slot))
+			held, head, _ := x.stripes[st].table.holds(nd.hash, int32(slot), x)
 			if !held {
 				t.Fatalf("entry %x of slot %d missing from its bitmap", nd.hash, slot)
 			}
@@ -210,8 +210,8 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 			if !found {
 				t.Fatalf("entry %x of slot %d unreachable", nd.hash, slot)
 			}
-			tb := x.stripes[st].table.slots()
-			k := tb.find(nd.hash)
+			tb := &x.stripes[st].table
+			k := tb.find(nd.hash, x)
 			bitsSet := 0
 			for w := range tb.words() {
 				bitsSet += bits.OnesCount64(tb.bits(k, w))
