@@ -46,20 +46,29 @@ type PrefixIndex struct {
 	stripes [numStripes]stripe
 	podsMu  sync.Mutex                    // serialises growing pods
 	pods    atomic.Pointer[[]*podEntries] // by endpoint slot
+	// chunks holds every node, by ref >> chunkBits. Each chunk belongs to
+	// one endpoint, so that an endpoint's nodes, made in the order of its
+	// prompts' blocks, lie together in memory: the entries it evicts (its
+	// list's tail, one old prompt's blocks) are read as a run of memory,
+	// not a cache miss each. It is a fixed array, never a growing slice:
+	// nodes are read under an endpoint's or a stripe's lock, while another
+	// endpoint may be adding a chunk.
+	chunksMu sync.Mutex // serialises adding chunks
+	nchunks  int32
+	chunks   [maxChunks]*nodeChunk
 }
 
-// A node is named by a ref: its index in its stripe's slab, shifted left
-// by stripeBits, or'ed with the stripe. All nodes of one hash live in the
-// stripe of that hash.
+// A node is named by a ref: its chunk, shifted left by chunkBits, or'ed
+// with its index in the chunk.
 const (
 	stripeBits = 4
 	numStripes = 1 << stripeBits
 	stripeMask = numStripes - 1
 	chunkBits  = 12
 	chunkMask  = 1<<chunkBits - 1
-	// maxChunks bounds a stripe's slab: 2^22 entries a stripe, 2^26 in
-	// all (64 pods of 1M blocks). Past it, new entries are not recorded.
-	maxChunks = 1 << 10
+	// maxChunks bounds the nodes: 2^26 entries in all (64 pods of 1M
+	// blocks). Past it, new entries are not recorded.
+	maxChunks = 1 << 14
 	nilNode   = -1
 	// unresolvedNode marks, during an add, a block the endpoint holds
 	// whose node is not found yet.
@@ -70,18 +79,12 @@ const (
 	shortChain = 4
 )
 
-// stripe is the part of the index for the hashes that map to it.
+// stripe is the part of the index for the hashes that map to it: their
+// table slots and the holder links of their nodes.
 type stripe struct {
 	mu    sync.RWMutex
-	table blockTable // block hash → first node holding it
-	// chunks is a fixed array, never a growing slice, because an
-	// endpoint's list links nodes of every stripe: the endpoint's add
-	// follows them under its own lock only, while another stripe's lock
-	// holder may be adding a chunk.
-	chunks [maxChunks]*nodeChunk
-	used   int32 // nodes handed out from the slab
-	free   int32 // free list through next (a ref); nilNode when empty
-	_      [64]byte
+	table blockTable // block hash → its holders
+	_     [64]byte
 }
 
 type nodeChunk struct {
@@ -96,21 +99,27 @@ type prefixNode struct {
 	next  int32 // older neighbour; free-list link for free nodes
 }
 
-// holderLink chains the nodes holding one hash. It lives apart from the
-// node, densely packed, so that walking a hash's holders (every decision,
-// every dispatch) touches 8 bytes a holder instead of a 32-byte node.
+// holderLink chains the nodes holding one hash, under the hash's stripe's
+// lock. It lives apart from the node, densely packed, so that walking a
+// hash's holders touches 8 bytes a holder instead of a 24-byte node.
 type holderLink struct {
 	pod  int32 // endpoint slot
 	same int32 // next node with the same hash (another endpoint)
 }
 
 // podEntries is one endpoint's entries, newest first. Its list and
-// counts, and the list links of its nodes, change only under mu.
+// counts, its nodes' fields but the links, and its slab change only under
+// mu.
 type podEntries struct {
 	mu         sync.Mutex
 	head, tail int32
 	n          int
 	capacity   int
+	// The endpoint's slab: its chunks, the nodes handed out from them,
+	// and its free nodes (a list through next; nilNode when empty).
+	chunks []int32
+	used   int32
+	free   int32
 	// Scratch for add, under mu.
 	found  []int32 // per block of the event: its node, or nilNode
 	fresh  []bool  // per block: the node was made by this add
@@ -122,9 +131,6 @@ type podEntries struct {
 // NewPrefixIndex returns an empty index.
 func NewPrefixIndex() *PrefixIndex {
 	x := &PrefixIndex{}
-	for i := range x.stripes {
-		x.stripes[i].free = nilNode
-	}
 	x.pods.Store(new([]*podEntries))
 	return x
 }
@@ -136,33 +142,38 @@ func stripeOf(h uint64) int32 {
 }
 
 func (x *PrefixIndex) node(i int32) *prefixNode {
-	l := i >> stripeBits
-	return &x.stripes[i&stripeMask].chunks[l>>chunkBits].nodes[l&chunkMask]
+	return &x.chunks[i>>chunkBits].nodes[i&chunkMask]
 }
 
 func (x *PrefixIndex) link(i int32) *holderLink {
-	l := i >> stripeBits
-	return &x.stripes[i&stripeMask].chunks[l>>chunkBits].links[l&chunkMask]
+	return &x.chunks[i>>chunkBits].links[i&chunkMask]
 }
 
-// alloc takes a node from stripe st (locked by the caller), or returns
-// nilNode when the stripe's slab is full.
-func (x *PrefixIndex) alloc(st int32) int32 {
-	t := &x.stripes[st]
-	if t.free != nilNode {
-		i := t.free
-		t.free = x.node(i).next
+// alloc takes a node from p's slab (p.mu held), or returns nilNode when
+// the index has no room left. Freed nodes are reused last freed first: an
+// eviction frees an old prompt's blocks from its tail, so the next prompt's
+// blocks take them from its head, in memory order again.
+func (x *PrefixIndex) alloc(p *podEntries) int32 {
+	if p.free != nilNode {
+		i := p.free
+		p.free = x.node(i).next
 		return i
 	}
-	c := int(t.used) >> chunkBits
-	if c == maxChunks {
-		return nilNode
+	c := int(p.used) >> chunkBits
+	if c == len(p.chunks) {
+		x.chunksMu.Lock()
+		if x.nchunks == maxChunks {
+			x.chunksMu.Unlock()
+			return nilNode
+		}
+		id := x.nchunks
+		x.chunks[id] = new(nodeChunk)
+		x.nchunks++
+		x.chunksMu.Unlock()
+		p.chunks = append(p.chunks, id)
 	}
-	if t.chunks[c] == nil {
-		t.chunks[c] = new(nodeChunk)
-	}
-	i := t.used<<stripeBits | st
-	t.used++
+	i := p.chunks[c]<<chunkBits | p.used&chunkMask
+	p.used++
 	return i
 }
 
@@ -180,7 +191,7 @@ func (x *PrefixIndex) pod(slot int32) *podEntries {
 	grown := make([]*podEntries, slot+1)
 	copy(grown, pods)
 	for i := len(pods); i < len(grown); i++ {
-		grown[i] = &podEntries{head: nilNode, tail: nilNode}
+		grown[i] = &podEntries{head: nilNode, tail: nilNode, free: nilNode}
 	}
 	x.pods.Store(&grown)
 	return grown[slot]
@@ -285,7 +296,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 			if full && newer(&tail, s, h) {
 				continue
 			}
-			j := x.alloc(stripeOf(h))
+			j := x.alloc(p)
 			if j == nilNode {
 				continue
 			}
@@ -388,24 +399,23 @@ func (x *PrefixIndex) holder(slot int32, h uint64) int32 {
 	return nilNode
 }
 
-// free removes nodes, already unlinked from their endpoint's list, from
-// their hash chains and frees them, one stripe at a time. It reuses
-// p.byRank.
+// free removes p's nodes, already unlinked from its list, from their hash
+// chains and frees them, one stripe at a time. It reuses p.byRank.
 func (x *PrefixIndex) free(p *podEntries, nodes []int32) {
 	if len(nodes) == 0 {
 		return
 	}
 	p.byRank = groupByStripe(p.byRank, len(nodes), func(k int) (int32, bool) {
-		return nodes[k] & stripeMask, true
+		return stripeOf(x.node(nodes[k]).hash), true
 	})
 	for run := range stripeRuns(p.byRank) {
-		st := &x.stripes[nodes[run[0]]&stripeMask]
+		st := &x.stripes[stripeOf(x.node(nodes[run[0]]).hash)]
 		st.mu.Lock()
 		for _, k := range run { // as in add: overlap the misses
 			p.sink += st.table.touch(x.node(nodes[k]).hash) + uint32(x.link(nodes[k]).same)
 		}
 		for _, k := range run {
-			x.drop(st, nodes[k])
+			x.drop(p, st, nodes[k])
 		}
 		st.mu.Unlock()
 	}
@@ -523,10 +533,10 @@ func (x *PrefixIndex) unlink(p *podEntries, i int32) {
 	n.prev, n.next = nilNode, nilNode
 }
 
-// drop removes node i, unlinked from its endpoint's list, from its hash
-// chain and its block's bitmap, and frees it. st is its stripe, locked by
-// the caller.
-func (x *PrefixIndex) drop(st *stripe, i int32) {
+// drop removes p's node i, unlinked from p's list, from its hash chain
+// and its block's bitmap, and frees it. st is its stripe, locked by the
+// caller.
+func (x *PrefixIndex) drop(p *podEntries, st *stripe, i int32) {
 	n := x.node(i)
 	l := x.link(i)
 	_, head, _ := st.table.holds(n.hash, l.pod, x)
@@ -541,8 +551,8 @@ func (x *PrefixIndex) drop(st *stripe, i int32) {
 		}
 	}
 	st.table.remove(n.hash, l.pod, head, x)
-	n.next = st.free
-	st.free = i
+	n.next = p.free
+	p.free = i
 }
 
 // removePod forgets everything about an endpoint slot.

@@ -191,8 +191,8 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 				t.Fatalf("node %d in slot %d's list says pod %d", i, slot, pod)
 			}
 			st := stripeOf(nd.hash)
-			if i&stripeMask != st {
-				t.Fatalf("node %d of hash %x lives in stripe %d, want %d", i, nd.hash, i&stripeMask, st)
+			if !slices.Contains(p.chunks, i>>chunkBits) {
+				t.Fatalf("node %d of slot %d lies in chunk %d, not one of its own %v", i, slot, i>>chunkBits, p.chunks)
 			}
 			held, head, _ := x.stripes[st].table.holds(nd.hash, int32(slot), x)
 			if !held {
