@@ -147,14 +147,10 @@ func (t *blockTable) add(h uint64, node, pod int32, x *PrefixIndex) {
 	}
 }
 
-// remove records that pod no longer holds h and that h's chain now starts
-// at head (nilNode: no holder is left, and the entry goes). h must be
-// present, and its current head node must still carry h.
-func (t *blockTable) remove(h uint64, pod, head int32, x *PrefixIndex) {
-	i := t.find(h, x)
-	if i < 0 {
-		return
-	}
+// removeAt records that pod no longer holds the block of slot i and that
+// its chain now starts at head (nilNode: no holder is left, and the entry
+// goes).
+func (t *blockTable) removeAt(i int, pod, head int32, x *PrefixIndex) {
 	if head == nilNode {
 		t.del(uint64(i), x)
 		return

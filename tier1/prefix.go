@@ -539,18 +539,20 @@ func (x *PrefixIndex) unlink(p *podEntries, i int32) {
 func (x *PrefixIndex) drop(p *podEntries, st *stripe, i int32) {
 	n := x.node(i)
 	l := x.link(i)
-	_, head, _ := st.table.holds(n.hash, l.pod, x)
-	if head == i {
-		head = l.same
-	} else {
-		for j := head; j != nilNode; j = x.link(j).same {
-			if m := x.link(j); m.same == i {
-				m.same = l.same
-				break
+	if k := st.table.find(n.hash, x); k >= 0 { // always, while the index is consistent
+		head := st.table.head(k)
+		if head == i {
+			head = l.same
+		} else {
+			for j := head; j != nilNode; j = x.link(j).same {
+				if m := x.link(j); m.same == i {
+					m.same = l.same
+					break
+				}
 			}
 		}
+		st.table.removeAt(k, l.pod, head, x)
 	}
-	st.table.remove(n.hash, l.pod, head, x)
 	n.next = p.free
 	p.free = i
 }
