@@ -31,16 +31,22 @@ type PrefixEvent struct {
 // evicts a prompt's tail blocks (GIE: its head blocks) first, as vLLM
 // (hashicorp/golang-lru in GIE) does.
 //
-// Concurrency: no lock covers the whole index. The block table, the
-// holder chains and the node slab are split by hash into stripes, each
-// with its own lock; an endpoint's list of entries has its own lock. A
-// match takes one stripe's read lock at a time; an add takes its
-// endpoint's lock, and each stripe's lock once for the event's blocks
-// that fall in it, so adds to different endpoints and matches run in
-// parallel.
+// Each distinct block has one table slot holding a bitmap of the
+// endpoints that hold it, so a match reads one slot a block whatever the
+// number of holders; the endpoints' nodes of a block are also chained
+// (holder links), which a dispatch and an eviction follow to find a node.
+//
+// Concurrency: no lock covers the whole index. The block tables and the
+// holder links are split by hash into stripes, each with its own lock;
+// an endpoint's list of entries and its nodes have its own lock. A match
+// takes each stripe's read lock once; an add takes its endpoint's lock,
+// and each stripe's lock once for the event's blocks that fall in it, so
+// adds to different endpoints and matches run in parallel.
 //
 // Memory: one 24-byte node and one 8-byte holder link per (endpoint,
-// block) entry plus one 8-byte table slot (at 3/8 to 3/4 load) per distinct block; see
+// block) entry, in chunks of 4096 owned by the endpoint, plus one table
+// slot per distinct block, 8 bytes and 8 more per 64 endpoint slots of
+// the pool (16 up to 64 pods), at 3/8 to 3/4 load; see
 // BenchmarkPrefixIndexMemory for the measured bytes per entry.
 type PrefixIndex struct {
 	stripes [numStripes]stripe
