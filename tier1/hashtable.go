@@ -98,14 +98,17 @@ func (t *blockTable) head(i int) int32 {
 	return int32(uint32(t.w[i*t.stride])) - 1
 }
 
-// touch loads h's home slot and returns a value of it, so that a caller
-// can bring the slots of many hashes into the cache with independent
-// loads before using them one by one.
+// touch loads h's home slot and the slot a cache line after it, and
+// returns a value of them, so that a caller can bring the slots of many
+// hashes into the cache with independent loads before using them one by
+// one: a probe, or a deletion's backward shift, often reads on into the
+// next line.
 func (t *blockTable) touch(h uint64) uint32 {
 	if t.w == nil {
 		return 0
 	}
-	return uint32(t.w[int(t.homeOfTag(tagOf(h)))*t.stride])
+	i := t.homeOfTag(tagOf(h))
+	return uint32(t.w[int(i)*t.stride] + t.w[int((i+uint64(8/t.stride))&t.mask)*t.stride])
 }
 
 // holds reports whether endpoint slot pod holds h, h's chain head
