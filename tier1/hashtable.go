@@ -12,7 +12,8 @@ import "math/bits"
 // 0..64W−1). With the bitmap in the slot a match settles each block with
 // one load, without touching a node or walking a chain: a system prompt
 // held by every pod of a 64-pod pool costs one slot, not 64 links. With 64
-// pods or fewer a slot is 16 bytes, at a load between 3/8 and 3/4.
+// pods or fewer a slot is 16 bytes, at a load between 1/2 and 3/4 (1/4
+// after many deletions).
 //
 // Writers confirm a tag against the head node's hash. A match trusts the
 // tag (32 bits, plus the stripe's 4): two blocks of a stripe whose tags
@@ -22,23 +23,33 @@ import "math/bits"
 type blockTable struct {
 	w      []uint64 // slot i at w[i*stride:(i+1)*stride]
 	stride int      // 1 + bitmap words
-	shift  uint     // 64 − log2(slots)
-	mask   uint64   // slots − 1
+	slots  uint64   // number of slots
 	n      int      // entries
 }
 
 // tagOf is the 32 bits of h a slot keeps: the top half of h × φ (Fibonacci
 // hashing). Block hashes are xxHash64 values and already uniform, but
 // callers (tests, token-id schemes) may use structured ones; the
-// multiplication spreads sequential keys. Its top bits are also the home
-// slot (homeOfTag), so that moving an entry never reads its node; the
-// stripe is chosen by other bits (stripeOf).
+// multiplication spreads sequential keys. It also gives the home slot
+// (homeOfTag), so that moving an entry never reads its node; the stripe is
+// chosen by other bits (stripeOf).
 func tagOf(h uint64) uint32 {
 	return uint32((h * 0x9e3779b97f4a7c15) >> 32)
 }
 
+// homeOfTag scales the tag to the table (tag × slots / 2^32), so that the
+// table may have any size: it grows by half, not double, keeping its load
+// between 1/2 and 3/4 rather than 3/8 and 3/4.
 func (t *blockTable) homeOfTag(tag uint32) uint64 {
-	return uint64(tag) >> (t.shift - 32)
+	return uint64(tag) * t.slots >> 32
+}
+
+// next is the slot after i, wrapping.
+func (t *blockTable) next(i uint64) uint64 {
+	if i++; i == t.slots {
+		return 0
+	}
+	return i
 }
 
 // words is how many bitmap words the table has.
@@ -48,7 +59,7 @@ func (t *blockTable) size() int {
 	if t.w == nil {
 		return 0
 	}
-	return int(t.mask + 1)
+	return int(t.slots)
 }
 
 // find returns the slot holding h, or -1. x's nodes confirm the tag.
@@ -57,7 +68,7 @@ func (t *blockTable) find(h uint64, x *PrefixIndex) int {
 		return -1
 	}
 	tag := tagOf(h)
-	for i := t.homeOfTag(tag); ; i = (i + 1) & t.mask {
+	for i := t.homeOfTag(tag); ; i = t.next(i) {
 		s := t.w[int(i)*t.stride]
 		if s == 0 {
 			return -1
@@ -75,7 +86,7 @@ func (t *blockTable) findTag(h uint64) int {
 		return -1
 	}
 	tag := tagOf(h)
-	for i := t.homeOfTag(tag); ; i = (i + 1) & t.mask {
+	for i := t.homeOfTag(tag); ; i = t.next(i) {
 		s := t.w[int(i)*t.stride]
 		if s == 0 {
 			return -1
@@ -108,7 +119,11 @@ func (t *blockTable) touch(h uint64) uint32 {
 		return 0
 	}
 	i := t.homeOfTag(tagOf(h))
-	return uint32(t.w[int(i)*t.stride] + t.w[int((i+uint64(8/t.stride))&t.mask)*t.stride])
+	j := i + uint64(8/t.stride)
+	if j >= t.slots {
+		j -= t.slots
+	}
+	return uint32(t.w[int(i)*t.stride] + t.w[int(j)*t.stride])
 }
 
 // holds reports whether endpoint slot pod holds h, h's chain head
@@ -131,10 +146,10 @@ func (t *blockTable) add(h uint64, node, pod int32, x *PrefixIndex) {
 		t.resize(max(64, t.size()), w) // a new table, or a wider one
 	}
 	if (t.n+1)*4 > t.size()*3 {
-		t.resize(2*t.size(), t.words())
+		t.resize(t.size()*3/2, t.words())
 	}
 	tag := tagOf(h)
-	for i := t.homeOfTag(tag); ; i = (i + 1) & t.mask {
+	for i := t.homeOfTag(tag); ; i = t.next(i) {
 		s := t.w[int(i)*t.stride:]
 		if s[0] == 0 {
 			s[0] = uint64(tag)<<32 | uint64(node+1)
@@ -166,8 +181,7 @@ func (t *blockTable) removeAt(i int, pod, head int32, x *PrefixIndex) {
 // del empties slot i, pulling later members of its probe run into the hole
 // when their home slot is at or before it.
 func (t *blockTable) del(i uint64, x *PrefixIndex) {
-	mask := t.mask
-	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+	for j := t.next(i); ; j = t.next(j) {
 		s := t.w[int(j)*t.stride:]
 		if s[0] == 0 {
 			break
@@ -180,8 +194,8 @@ func (t *blockTable) del(i uint64, x *PrefixIndex) {
 	}
 	clear(t.w[int(i)*t.stride : int(i+1)*t.stride])
 	t.n--
-	if t.size() > 64 && t.n*8 < t.size() {
-		t.resize(t.size()/2, t.words())
+	if t.size() > 64 && t.n*4 < t.size() {
+		t.resize(max(64, t.size()*2/3), t.words())
 	}
 }
 
@@ -191,8 +205,7 @@ func (t *blockTable) resize(size, words int) {
 	old := *t
 	t.w = make([]uint64, size*(1+words))
 	t.stride = 1 + words
-	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
-	t.mask = uint64(size - 1)
+	t.slots = uint64(size)
 	for i := range old.size() {
 		s := old.w[i*old.stride : (i+1)*old.stride]
 		if s[0] == 0 {
@@ -200,7 +213,7 @@ func (t *blockTable) resize(size, words int) {
 		}
 		j := t.homeOfTag(uint32(s[0] >> 32))
 		for t.w[int(j)*t.stride] != 0 {
-			j = (j + 1) & t.mask
+			j = t.next(j)
 		}
 		copy(t.w[int(j)*t.stride:], s)
 	}
