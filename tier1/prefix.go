@@ -46,7 +46,7 @@ type PrefixEvent struct {
 // Memory: one 24-byte node and one 8-byte holder link per (endpoint,
 // block) entry, in chunks of 4096 owned by the endpoint, plus one table
 // slot per distinct block, 8 bytes and 8 more per 64 endpoint slots of
-// the pool (16 up to 64 pods), at 3/8 to 3/4 load; see
+// the pool (16 up to 64 pods), at 1/2 to 3/4 load; see
 // BenchmarkPrefixIndexMemory for the measured bytes per entry.
 type PrefixIndex struct {
 	stripes [numStripes]stripe
