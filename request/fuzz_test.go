@@ -26,6 +26,13 @@ func FuzzParse(f *testing.F) {
 		`{"a":[{"b":[true,false,null,-0.5e-3]}],"model":"m","prompt":""}`,
 		"{\"model\":\"m\",\"prompt\":\"\xff\"}",
 		`{"model":"m","messages":[{"content":null}]}`,
+		// The arena's decoding: every escape after a plain run, then the
+		// cases it leaves to the general decoder (pairs, bad escapes,
+		// invalid UTF-8, which decodes longer than it is written).
+		`{"model":"m","messages":[{"role":"user","content":"a\n\t\r\b\f\/\\\"b\u0041\u00e9\u20ac\u0000é€x"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"a\u00e9\ud83d\ude00b\ud800c"}]}`,
+		"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\n\xff\xfe\\u00e9\"}]}",
+		`{"model":"m","messages":[{"role":"user","content":"a\n\q"}]}`,
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))

@@ -130,6 +130,25 @@ func BenchmarkParseChat(b *testing.B) {
 	cpu.Report(b)
 }
 
+// BenchmarkParseChatEscaped is BenchmarkParseChat over text written as
+// Python's json.dumps writes it (newlines as \n, accents as \u00e9, an
+// escape every 20 bytes or so), the form tier1's decision-path fixture
+// uses: the prompt cannot alias the body and is decoded into the arena.
+func BenchmarkParseChatEscaped(b *testing.B) {
+	body := []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"` +
+		strings.Repeat(`You are a helpful assistant.\n Answer briefly, caf\u00e9 r\u00e9sum\u00e9. `, 400) +
+		`"},{"role":"user","content":"What is the capital of France?"}]}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	cpu := testkit.StartCPU()
+	for b.Loop() {
+		if _, err := Parse(body, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cpu.Report(b)
+}
+
 func TestPrefixHashes(t *testing.T) {
 	chat, err := Parse([]byte(`{"model":"m","cache_salt":"s","messages":[{"role":"user","content":"`+strings.Repeat("q", 300)+`"}]}`), 0)
 	if err != nil {

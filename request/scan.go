@@ -296,9 +296,76 @@ func (s *scanner) scanString(dst []byte, decode bool) (v []byte, decoded bool, e
 		s.i++
 		return s.b[start : s.i-1], false, nil
 	}
-	if decode {
-		dst = append(dst, s.b[start:s.i]...)
+	if !decode {
+		return s.decodeString(nil, false)
 	}
+	// A decoded string is never longer than its JSON text but where
+	// invalid UTF-8 becomes U+FFFD; when dst has room for the rest of the
+	// input (the parser's arena always has), decode without append's
+	// checks, leaving the rare cases to decodeString.
+	if cap(dst)-len(dst) >= len(s.b)-start {
+		return s.decodeInto(dst, start)
+	}
+	return s.decodeString(append(dst, s.b[start:s.i]...), true)
+}
+
+// decodeInto is scanString's decoding when dst has room for the input from
+// start on; the cursor is at the first byte after start's plain run.
+func (s *scanner) decodeInto(dst []byte, start int) (v []byte, decoded bool, err error) {
+	out := dst[:cap(dst)]
+	n := len(dst) + copy(out[len(dst):], s.b[start:s.i])
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		switch {
+		case c == '"':
+			s.i++
+			return out[:n], true, nil
+		case c == '\\' && s.i+1 < len(s.b):
+			e := s.b[s.i+1]
+			if d := unescaped[e]; d != 0 {
+				out[n] = d
+				n++
+				s.i += 2
+				break
+			}
+			r, ok := rune(0), false
+			if e == 'u' && s.i+6 <= len(s.b) {
+				r, ok = hex4(s.b[s.i+2 : s.i+6])
+			}
+			if !ok || utf16.IsSurrogate(r) {
+				return s.decodeString(out[:n], true) // pairs and errors
+			}
+			if r < utf8.RuneSelf {
+				out[n] = byte(r)
+				n++
+			} else {
+				n += len(utf8.AppendRune(out[n:n], r))
+			}
+			s.i += 6
+		case c < 0x20:
+			return nil, false, s.errorf("control character 0x%02x in string", c)
+		case c < utf8.RuneSelf:
+			out[n] = c
+			n++
+			s.i++
+		default:
+			r, size := utf8.DecodeRune(s.b[s.i:])
+			if r == utf8.RuneError && size == 1 {
+				return s.decodeString(out[:n], true) // U+FFFD is longer
+			}
+			n += copy(out[n:], s.b[s.i:s.i+size])
+			s.i += size
+		}
+		run := plainRun(s.b, s.i)
+		n += copy(out[n:], s.b[s.i:run])
+		s.i = run
+	}
+	return nil, false, s.errorf("unterminated string")
+}
+
+// decodeString consumes the rest of a string whose plain run the cursor
+// ended, appending its decoded bytes to dst when decode is set.
+func (s *scanner) decodeString(dst []byte, decode bool) (v []byte, decoded bool, err error) {
 	for s.i < len(s.b) {
 		c := s.b[s.i]
 		switch {
@@ -394,20 +461,37 @@ func (s *scanner) hex4() (rune, bool) {
 	if len(s.b)-s.i < 4 {
 		return 0, false
 	}
-	var r rune
-	for _, c := range s.b[s.i : s.i+4] {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c = c - 'a' + 10
-		case c >= 'A' && c <= 'F':
-			c = c - 'A' + 10
-		default:
-			return 0, false
-		}
-		r = r<<4 | rune(c)
+	r, ok := hex4(s.b[s.i : s.i+4])
+	if ok {
+		s.i += 4
 	}
-	s.i += 4
-	return r, true
+	return r, ok
 }
+
+// hex4 decodes four hexadecimal digits.
+func hex4(b []byte) (rune, bool) {
+	_ = b[3]
+	a, c, d, e := hexDigit[b[0]], hexDigit[b[1]], hexDigit[b[2]], hexDigit[b[3]]
+	if a|c|d|e < 0 {
+		return 0, false
+	}
+	return rune(a)<<12 | rune(c)<<8 | rune(d)<<4 | rune(e), true
+}
+
+// hexDigit is a hexadecimal digit's value, −1 for other bytes.
+var hexDigit = func() (t [256]int8) {
+	for i := range t {
+		t[i] = -1
+	}
+	for i := range 10 {
+		t['0'+i] = int8(i)
+	}
+	for i := range 6 {
+		t['a'+i], t['A'+i] = int8(10+i), int8(10+i)
+	}
+	return t
+}()
+
+// unescaped is the byte a one-character escape stands for (\n: '\n'), 0
+// for the others (\u and invalid ones).
+var unescaped = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}

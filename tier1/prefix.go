@@ -1,6 +1,7 @@
 package tier1
 
 import (
+	"math/bits"
 	"sync"
 	"sync/atomic"
 )
@@ -30,50 +31,66 @@ type PrefixEvent struct {
 // evicts a prompt's tail blocks (GIE: its head blocks) first, as vLLM
 // (hashicorp/golang-lru in GIE) does.
 //
-// Concurrency: no lock covers the whole index. The block table, the
-// holder chains and the node slab are split by hash into stripes, each
-// with its own lock; an endpoint's list of entries has its own lock. A
-// match takes one stripe's read lock at a time; an add takes its
-// endpoint's lock, and each stripe's lock once for the event's blocks
-// that fall in it, so adds to different endpoints and matches run in
-// parallel.
+// Each distinct block has one table slot holding a bitmap of the
+// endpoints that hold it, so a match reads one slot a block whatever the
+// number of holders; the endpoints' nodes of a block are also chained
+// (holder links), which a dispatch and an eviction follow to find a node.
+//
+// Concurrency: no lock covers the whole index. The block tables and the
+// holder links are split by hash into stripes, each with its own lock;
+// an endpoint's list of entries and its nodes have its own lock. A match
+// takes each stripe's read lock once; an add takes its endpoint's lock,
+// and each stripe's lock once for the event's blocks that fall in it, so
+// adds to different endpoints and matches run in parallel.
 //
 // Memory: one 24-byte node and one 8-byte holder link per (endpoint,
-// block) entry plus one 8-byte table slot (at 3/8 to 3/4 load) per distinct block; see
+// block) entry, in chunks of 4096 owned by the endpoint, plus one table
+// slot per distinct block, 8 bytes and 8 more per 64 endpoint slots of
+// the pool (16 up to 64 pods), at 1/2 to 3/4 load; see
 // BenchmarkPrefixIndexMemory for the measured bytes per entry.
 type PrefixIndex struct {
 	stripes [numStripes]stripe
 	podsMu  sync.Mutex                    // serialises growing pods
 	pods    atomic.Pointer[[]*podEntries] // by endpoint slot
+	// chunks holds every node, by ref >> chunkBits. Each chunk belongs to
+	// one endpoint, so that an endpoint's nodes, made in the order of its
+	// prompts' blocks, lie together in memory: the entries it evicts (its
+	// list's tail, one old prompt's blocks) are read as a run of memory,
+	// not a cache miss each. It is a fixed array, never a growing slice:
+	// nodes are read under an endpoint's or a stripe's lock, while another
+	// endpoint may be adding a chunk.
+	chunksMu sync.Mutex // serialises adding chunks
+	nchunks  int32
+	chunks   [maxChunks]*nodeChunk
 }
 
-// A node is named by a ref: its index in its stripe's slab, shifted left
-// by stripeBits, or'ed with the stripe. All nodes of one hash live in the
-// stripe of that hash.
+// A node is named by a ref: its chunk, shifted left by chunkBits, or'ed
+// with its index in the chunk.
 const (
 	stripeBits = 4
 	numStripes = 1 << stripeBits
 	stripeMask = numStripes - 1
 	chunkBits  = 12
 	chunkMask  = 1<<chunkBits - 1
-	// maxChunks bounds a stripe's slab: 2^22 entries a stripe, 2^26 in
-	// all (64 pods of 1M blocks). Past it, new entries are not recorded.
-	maxChunks = 1 << 10
+	// maxChunks bounds the nodes: 2^26 entries in all (64 pods of 1M
+	// blocks). Past it, new entries are not recorded.
+	maxChunks = 1 << 14
 	nilNode   = -1
+	// unresolvedNode marks, during an add, a block the endpoint holds
+	// whose node is not found yet.
+	unresolvedNode = -2
+	// shortChain is the most holders a block may have for an add to walk
+	// its chain to the endpoint's node; past it the add looks next to the
+	// endpoint's neighbouring blocks first.
+	shortChain = 4
 )
 
-// stripe is the part of the index for the hashes that map to it.
+// stripe is the part of the index for the hashes that map to it: their
+// table slots and the holder links of their nodes.
 type stripe struct {
 	mu    sync.RWMutex
-	table blockTable // block hash → first node holding it
-	// chunks is a fixed array, never a growing slice, because an
-	// endpoint's list links nodes of every stripe: the endpoint's add
-	// follows them under its own lock only, while another stripe's lock
-	// holder may be adding a chunk.
-	chunks [maxChunks]*nodeChunk
-	used   int32 // nodes handed out from the slab
-	free   int32 // free list through next (a ref); nilNode when empty
-	_      [64]byte
+	table blockTable // block hash → its holders
+	_     [64]byte
 }
 
 type nodeChunk struct {
@@ -88,21 +105,27 @@ type prefixNode struct {
 	next  int32 // older neighbour; free-list link for free nodes
 }
 
-// holderLink chains the nodes holding one hash. It lives apart from the
-// node, densely packed, so that walking a hash's holders (every decision,
-// every dispatch) touches 8 bytes a holder instead of a 32-byte node.
+// holderLink chains the nodes holding one hash, under the hash's stripe's
+// lock. It lives apart from the node, densely packed, so that walking a
+// hash's holders touches 8 bytes a holder instead of a 24-byte node.
 type holderLink struct {
 	pod  int32 // endpoint slot
 	same int32 // next node with the same hash (another endpoint)
 }
 
 // podEntries is one endpoint's entries, newest first. Its list and
-// counts, and the list links of its nodes, change only under mu.
+// counts, its nodes' fields but the links, and its slab change only under
+// mu.
 type podEntries struct {
 	mu         sync.Mutex
 	head, tail int32
 	n          int
 	capacity   int
+	// The endpoint's slab: its chunks, the nodes handed out from them,
+	// and its free nodes (a list through next; nilNode when empty).
+	chunks []int32
+	used   int32
+	free   int32
 	// Scratch for add, under mu.
 	found  []int32 // per block of the event: its node, or nilNode
 	fresh  []bool  // per block: the node was made by this add
@@ -114,9 +137,6 @@ type podEntries struct {
 // NewPrefixIndex returns an empty index.
 func NewPrefixIndex() *PrefixIndex {
 	x := &PrefixIndex{}
-	for i := range x.stripes {
-		x.stripes[i].free = nilNode
-	}
 	x.pods.Store(new([]*podEntries))
 	return x
 }
@@ -128,33 +148,38 @@ func stripeOf(h uint64) int32 {
 }
 
 func (x *PrefixIndex) node(i int32) *prefixNode {
-	l := i >> stripeBits
-	return &x.stripes[i&stripeMask].chunks[l>>chunkBits].nodes[l&chunkMask]
+	return &x.chunks[i>>chunkBits].nodes[i&chunkMask]
 }
 
 func (x *PrefixIndex) link(i int32) *holderLink {
-	l := i >> stripeBits
-	return &x.stripes[i&stripeMask].chunks[l>>chunkBits].links[l&chunkMask]
+	return &x.chunks[i>>chunkBits].links[i&chunkMask]
 }
 
-// alloc takes a node from stripe st (locked by the caller), or returns
-// nilNode when the stripe's slab is full.
-func (x *PrefixIndex) alloc(st int32) int32 {
-	t := &x.stripes[st]
-	if t.free != nilNode {
-		i := t.free
-		t.free = x.node(i).next
+// alloc takes a node from p's slab (p.mu held), or returns nilNode when
+// the index has no room left. Freed nodes are reused last freed first: an
+// eviction frees an old prompt's blocks from its tail, so the next prompt's
+// blocks take them from its head, in memory order again.
+func (x *PrefixIndex) alloc(p *podEntries) int32 {
+	if p.free != nilNode {
+		i := p.free
+		p.free = x.node(i).next
 		return i
 	}
-	c := int(t.used) >> chunkBits
-	if c == maxChunks {
-		return nilNode
+	c := int(p.used) >> chunkBits
+	if c == len(p.chunks) {
+		x.chunksMu.Lock()
+		if x.nchunks == maxChunks {
+			x.chunksMu.Unlock()
+			return nilNode
+		}
+		id := x.nchunks
+		x.chunks[id] = new(nodeChunk)
+		x.nchunks++
+		x.chunksMu.Unlock()
+		p.chunks = append(p.chunks, id)
 	}
-	if t.chunks[c] == nil {
-		t.chunks[c] = new(nodeChunk)
-	}
-	i := t.used<<stripeBits | st
-	t.used++
+	i := p.chunks[c]<<chunkBits | p.used&chunkMask
+	p.used++
 	return i
 }
 
@@ -172,7 +197,7 @@ func (x *PrefixIndex) pod(slot int32) *podEntries {
 	grown := make([]*podEntries, slot+1)
 	copy(grown, pods)
 	for i := len(pods); i < len(grown); i++ {
-		grown[i] = &podEntries{head: nilNode, tail: nilNode}
+		grown[i] = &podEntries{head: nilNode, tail: nilNode, free: nilNode}
 	}
 	x.pods.Store(&grown)
 	return grown[slot]
@@ -199,13 +224,10 @@ func newer(a *prefixNode, stamp int64, hash uint64) bool {
 // the endpoint already held.
 //
 // It works in passes so that each stripe's lock is taken once: find the
-// blocks the endpoint holds next to the previous block in its own list
-// (the blocks of one prompt were stamped together, so a prompt sent again
-// finds them there without walking a holder chain, which for a system
-// prompt shared by every pod is as long as the pool); look up the others
-// and make nodes for the new ones, stripe by stripe; restamp and link the
-// entries into the endpoint's list in block order; unlink the oldest
-// entries beyond capacity; free them, stripe by stripe.
+// endpoint's node of every block it holds and make nodes for the others,
+// stripe by stripe; restamp and link the entries into the endpoint's list
+// in block order; unlink the oldest entries beyond capacity; free them,
+// stripe by stripe.
 func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64, gie bool) (held int) {
 	if len(hashes) == 0 {
 		return 0
@@ -229,81 +251,96 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	p.found, p.fresh = grow(p.found, n), grow(p.fresh, n)
 	clear(p.fresh)
 
-	// Pass 1: the endpoint's own list, next to the previous block's node.
-	// While every block so far was held, a block not found there is
-	// looked up in its chain at once (a lock for that block alone), so
-	// that the blocks after it can be found next to it: a prompt sent
-	// again is held from its first block, and its tail is new.
-	missing := 0
-	leading := true
-	for i, h := range hashes {
-		p.found[i] = nilNode
-		if i > 0 && p.found[i-1] != nilNode {
-			prev := x.node(p.found[i-1])
-			for _, c := range [2]int32{prev.prev, prev.next} {
-				if c != nilNode && x.node(c).hash == h {
-					p.found[i] = c
-					break
-				}
+	// Pass 1: each block's slot, one stripe at a time: its bitmap says
+	// whether the endpoint holds it. The endpoint's node is then on the
+	// block's holder chain, found there when the chain is short; a block
+	// held by many endpoints (a shared system prompt) is left to pass 1b.
+	// A block not held gets a new node, unless it is older than
+	// everything a full endpoint keeps: it would be evicted at once (every
+	// entry kept now stays at least as new). Each step first loads what
+	// every block of the run needs next, so that the cache misses of a
+	// run's blocks overlap instead of coming one a block.
+	full := p.n >= p.capacity && p.tail != nilNode
+	var tail prefixNode
+	if full {
+		tail = *x.node(p.tail)
+	}
+	p.byRank = groupByStripe(p.byRank, n, func(i int) (int32, bool) {
+		return stripeOf(hashes[i]), true
+	})
+	unresolved := 0
+	for run := range stripeRuns(p.byRank) {
+		st := &x.stripes[stripeOf(hashes[run[0]])]
+		st.mu.Lock()
+		for _, i := range run {
+			p.sink += st.table.touch(hashes[i])
+		}
+		for _, i := range run {
+			if _, head, _ := st.table.holds(hashes[i], slot, x); head != nilNode {
+				p.sink += uint32(x.link(head).pod)
 			}
 		}
-		if p.found[i] == nilNode && leading {
-			p.found[i] = x.holder(slot, h)
-			leading = p.found[i] != nilNode
+		for _, i := range run {
+			// Again, now that the slots are in the cache: an earlier block
+			// of this event may have added the same hash.
+			h, s := hashes[i], stampOf(int(i))
+			held, head, holders := st.table.holds(h, slot, x)
+			p.found[i] = nilNode
+			if held && holders > shortChain {
+				p.found[i] = unresolvedNode
+				unresolved++
+				continue
+			}
+			if held {
+				j := head
+				for x.link(j).pod != slot { // the bitmap says it is there
+					j = x.link(j).same
+				}
+				p.found[i] = j
+				continue
+			}
+			if full && newer(&tail, s, h) {
+				continue
+			}
+			j := x.alloc(p)
+			if j == nilNode {
+				continue
+			}
+			*x.node(j) = prefixNode{hash: h, stamp: s, prev: nilNode, next: nilNode}
+			*x.link(j) = holderLink{pod: slot, same: head} // head is nilNode when the hash is new
+			st.table.add(h, j, slot, x)
+			p.found[i], p.fresh[i] = j, true
 		}
-		if p.found[i] == nilNode {
-			missing++
+		st.mu.Unlock()
+	}
+
+	// Pass 1b: the blocks of long chains, from their neighbours in the
+	// endpoint's own list: the blocks of one prompt were stamped together,
+	// so a prompt sent again finds them next to each other. The first of a
+	// run walks its chain.
+	if unresolved > 0 {
+		for i := range n {
+			if p.found[i] != unresolvedNode {
+				continue
+			}
+			if i > 0 && p.found[i-1] >= 0 && !p.fresh[i-1] {
+				p.found[i] = x.besides(p.found[i-1], hashes[i])
+			}
+			if p.found[i] == unresolvedNode {
+				p.found[i] = x.holder(slot, hashes[i])
+			}
+		}
+	}
+	// The nodes pass 2 restamps, loaded together.
+	for i, j := range p.found[:n] {
+		if j != nilNode && !p.fresh[i] {
+			p.sink += uint32(x.node(j).stamp)
 		}
 	}
 
-	// Pass 2: holder chains and new nodes, one stripe at a time. An entry
-	// older than everything kept by a full endpoint is not made: it would
-	// be evicted at once (every entry kept now stays at least as new).
-	if missing > 0 {
-		full := p.n >= p.capacity && p.tail != nilNode
-		var tail prefixNode
-		if full {
-			tail = *x.node(p.tail)
-		}
-		p.byRank = groupByStripe(p.byRank, n, func(i int) (int32, bool) {
-			return stripeOf(hashes[i]), p.found[i] == nilNode
-		})
-		for run := range stripeRuns(p.byRank) {
-			st := &x.stripes[stripeOf(hashes[run[0]])]
-			st.mu.Lock()
-			// Load every home slot first: the loads are independent, so
-			// their cache misses overlap instead of coming one a block.
-			for _, i := range run {
-				p.sink += st.table.touch(hashes[i])
-			}
-			for _, i := range run {
-				h, s := hashes[i], stampOf(int(i))
-				head := st.table.get(h, x)
-				for j := head; j != nilNode; j = x.link(j).same {
-					if x.link(j).pod == slot {
-						p.found[i] = j
-						break
-					}
-				}
-				if p.found[i] != nilNode || (full && newer(&tail, s, h)) {
-					continue
-				}
-				j := x.alloc(stripeOf(h))
-				if j == nilNode {
-					continue
-				}
-				*x.node(j) = prefixNode{hash: h, stamp: s, prev: nilNode, next: nilNode}
-				*x.link(j) = holderLink{pod: slot, same: head} // head is nilNode when the hash is new
-				st.table.set(h, j, x)
-				p.found[i], p.fresh[i] = j, true
-			}
-			st.mu.Unlock()
-		}
-	}
-
-	// Pass 3: stamps and list order, in block order.
+	// Pass 2: stamps and list order, in block order.
 	hint := int32(nilNode)
-	leading = true
+	leading := true
 	for i := range hashes {
 		j := p.found[i]
 		if j == nilNode {
@@ -327,7 +364,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 		hint = j
 	}
 
-	// Passes 4 and 5: evict beyond capacity.
+	// Passes 3 and 4: evict beyond capacity.
 	p.gone = p.gone[:0]
 	for p.n > p.capacity {
 		i := p.tail
@@ -339,12 +376,28 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	return held
 }
 
+// besides returns the neighbour of node i in its endpoint's list whose hash
+// is h, or unresolvedNode.
+func (x *PrefixIndex) besides(i int32, h uint64) int32 {
+	nd := x.node(i)
+	for _, c := range [2]int32{nd.prev, nd.next} {
+		if c != nilNode && x.node(c).hash == h {
+			return c
+		}
+	}
+	return unresolvedNode
+}
+
 // holder returns slot's node for hash h, or nilNode.
 func (x *PrefixIndex) holder(slot int32, h uint64) int32 {
 	st := &x.stripes[stripeOf(h)]
 	st.mu.RLock()
 	defer st.mu.RUnlock()
-	for j := st.table.get(h, x); j != nilNode; j = x.link(j).same {
+	held, head, _ := st.table.holds(h, slot, x)
+	if !held {
+		return nilNode
+	}
+	for j := head; j != nilNode; j = x.link(j).same {
 		if x.link(j).pod == slot {
 			return j
 		}
@@ -352,24 +405,23 @@ func (x *PrefixIndex) holder(slot int32, h uint64) int32 {
 	return nilNode
 }
 
-// free removes nodes, already unlinked from their endpoint's list, from
-// their hash chains and frees them, one stripe at a time. It reuses
-// p.byRank.
+// free removes p's nodes, already unlinked from its list, from their hash
+// chains and frees them, one stripe at a time. It reuses p.byRank.
 func (x *PrefixIndex) free(p *podEntries, nodes []int32) {
 	if len(nodes) == 0 {
 		return
 	}
 	p.byRank = groupByStripe(p.byRank, len(nodes), func(k int) (int32, bool) {
-		return nodes[k] & stripeMask, true
+		return stripeOf(x.node(nodes[k]).hash), true
 	})
 	for run := range stripeRuns(p.byRank) {
-		st := &x.stripes[nodes[run[0]]&stripeMask]
+		st := &x.stripes[stripeOf(x.node(nodes[run[0]]).hash)]
 		st.mu.Lock()
 		for _, k := range run { // as in add: overlap the misses
 			p.sink += st.table.touch(x.node(nodes[k]).hash) + uint32(x.link(nodes[k]).same)
 		}
 		for _, k := range run {
-			x.drop(st, nodes[k])
+			x.drop(p, st, nodes[k])
 		}
 		st.mu.Unlock()
 	}
@@ -487,28 +539,28 @@ func (x *PrefixIndex) unlink(p *podEntries, i int32) {
 	n.prev, n.next = nilNode, nilNode
 }
 
-// drop removes node i, unlinked from its endpoint's list, from its hash
-// chain and frees it. st is its stripe, locked by the caller.
-func (x *PrefixIndex) drop(st *stripe, i int32) {
+// drop removes p's node i, unlinked from p's list, from its hash chain
+// and its block's bitmap, and frees it. st is its stripe, locked by the
+// caller.
+func (x *PrefixIndex) drop(p *podEntries, st *stripe, i int32) {
 	n := x.node(i)
 	l := x.link(i)
-	head := st.table.get(n.hash, x)
-	if head == i {
-		if l.same == nilNode {
-			st.table.del(n.hash, x)
+	if k := st.table.find(n.hash, x); k >= 0 { // always, while the index is consistent
+		head := st.table.head(k)
+		if head == i {
+			head = l.same
 		} else {
-			st.table.set(n.hash, l.same, x)
-		}
-	} else {
-		for j := head; j != nilNode; j = x.link(j).same {
-			if m := x.link(j); m.same == i {
-				m.same = l.same
-				break
+			for j := head; j != nilNode; j = x.link(j).same {
+				if m := x.link(j); m.same == i {
+					m.same = l.same
+					break
+				}
 			}
 		}
+		st.table.removeAt(k, l.pod, head, x)
 	}
-	n.next = st.free
-	st.free = i
+	n.next = p.free
+	p.free = i
 }
 
 // removePod forgets everything about an endpoint slot.
@@ -527,6 +579,14 @@ func (x *PrefixIndex) removePod(slot int32) {
 	p.head, p.tail, p.n, p.capacity = nilNode, nilNode, 0, 0
 }
 
+// matchScratch is a match's working memory, reused across matches by one
+// caller at a time.
+type matchScratch struct {
+	byRank []int32  // block positions grouped by stripe
+	held   []uint64 // per block, its bitmap's words
+	sink   uint32   // keeps the prefetching loads
+}
+
 // match counts, for every endpoint slot, the leading blocks of hashes it
 // holds, into counts (indexed by slot, zeroed by the caller, long enough
 // for every slot). With consecutive, a slot's count stops at its first
@@ -535,25 +595,84 @@ func (x *PrefixIndex) removePod(slot int32) {
 // holds and every holder of each earlier block counts it (GIE's
 // matchLongestPrefix). It returns the number of blocks scanned that some
 // endpoint held.
-func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool) int {
-	for b, h := range hashes {
-		st := &x.stripes[stripeOf(h)]
+//
+// It reads every block's bitmap first, one stripe at a time (one read
+// lock a stripe, not a block, so that decisions on other cores, whose
+// dispatches write the stripes, do not trade the locks' cache lines 256
+// times a decision), with the slots' loads overlapping; then it counts in
+// block order. The blocks past the end of the match are read too: the
+// dispatch that follows needs the same slots.
+func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool, sc *matchScratch) int {
+	nw := (len(counts) + 63) / 64
+	n := len(hashes)
+	if nw == 0 || n == 0 {
+		return 0
+	}
+	sc.held = grow(sc.held, n*nw)
+	sc.byRank = groupByStripe(sc.byRank, n, func(i int) (int32, bool) {
+		return stripeOf(hashes[i]), true
+	})
+	for run := range stripeRuns(sc.byRank) {
+		st := &x.stripes[stripeOf(hashes[run[0]])]
 		st.mu.RLock()
-		any := false
-		for i := st.table.get(h, x); i != nilNode; {
-			l := x.link(i)
-			if int(l.pod) < len(counts) && (!consecutive || counts[l.pod] == int32(b)) {
-				counts[l.pod]++
-				any = true
+		for _, i := range run {
+			sc.sink += st.table.touch(hashes[i])
+		}
+		for _, i := range run {
+			k := st.table.findTag(hashes[i])
+			for w := range nw {
+				v := uint64(0)
+				if k >= 0 {
+					v = st.table.bits(k, w)
+				}
+				sc.held[int(i)*nw+w] = v
 			}
-			i = l.same
 		}
 		st.mu.RUnlock()
+	}
+	var buf [8]uint64
+	live := buf[:0]
+	if nw > len(buf) {
+		live = make([]uint64, 0, nw)
+	}
+	for w := range nw {
+		m := ^uint64(0)
+		if rest := len(counts) - 64*w; rest < 64 {
+			m = 1<<rest - 1
+		}
+		live = append(live, m) // the slots that count
+	}
+	for b := range n {
+		any := false
+		for w := range live {
+			held := sc.held[b*nw+w]
+			if consecutive {
+				now := live[w] & held
+				for gone := live[w] &^ now; gone != 0; gone &= gone - 1 {
+					counts[64*w+bits.TrailingZeros64(gone)] = int32(b)
+				}
+				live[w] = now
+				any = any || now != 0
+				continue
+			}
+			held &= live[w]
+			any = any || held != 0
+			for ; held != 0; held &= held - 1 {
+				counts[64*w+bits.TrailingZeros64(held)]++
+			}
+		}
 		if !any {
 			return b
 		}
 	}
-	return len(hashes)
+	if consecutive {
+		for w, m := range live {
+			for ; m != 0; m &= m - 1 {
+				counts[64*w+bits.TrailingZeros64(m)] = int32(n)
+			}
+		}
+	}
+	return n
 }
 
 // matchOne is match for one slot.
@@ -562,13 +681,7 @@ func (x *PrefixIndex) matchOne(slot int32, hashes []uint64, consecutive bool) in
 	for _, h := range hashes {
 		st := &x.stripes[stripeOf(h)]
 		st.mu.RLock()
-		held := false
-		for i := st.table.get(h, x); i != nilNode; i = x.link(i).same {
-			if x.link(i).pod == slot {
-				held = true
-				break
-			}
-		}
+		held, _, _ := st.table.holds(h, slot, x)
 		st.mu.RUnlock()
 		if held {
 			got++

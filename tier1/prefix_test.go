@@ -1,6 +1,7 @@
 package tier1
 
 import (
+	"math/bits"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -17,7 +18,7 @@ func seq(from, n int) []uint64 {
 
 func counts(x *PrefixIndex, hashes []uint64, slots int, consecutive bool) []int32 {
 	c := make([]int32, slots)
-	x.match(hashes, c, consecutive)
+	x.match(hashes, c, consecutive, &matchScratch{})
 	return c
 }
 
@@ -173,8 +174,9 @@ func BenchmarkPrefixIndexMemory(b *testing.B) {
 
 // checkIndex verifies the index's invariants: every entry is reachable
 // from its hash's chain in its hash's stripe, chains hold only live
-// entries of that hash, and each stripe's table counts each of its
-// distinct hashes once.
+// entries of that hash, each block's bitmap names exactly the endpoints on
+// its chain, and each stripe's table counts each of its distinct hashes
+// once.
 func checkIndex(t *testing.T, x *PrefixIndex) {
 	t.Helper()
 	distinct := [numStripes]map[uint64]int{}
@@ -189,18 +191,33 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 				t.Fatalf("node %d in slot %d's list says pod %d", i, slot, pod)
 			}
 			st := stripeOf(nd.hash)
-			if i&stripeMask != st {
-				t.Fatalf("node %d of hash %x lives in stripe %d, want %d", i, nd.hash, i&stripeMask, st)
+			if !slices.Contains(p.chunks, i>>chunkBits) {
+				t.Fatalf("node %d of slot %d lies in chunk %d, not one of its own %v", i, slot, i>>chunkBits, p.chunks)
+			}
+			held, head, _ := x.stripes[st].table.holds(nd.hash, int32(slot), x)
+			if !held {
+				t.Fatalf("entry %x of slot %d missing from its bitmap", nd.hash, slot)
 			}
 			found := false
-			for j := x.stripes[st].table.get(nd.hash, x); j != nilNode; j = x.link(j).same {
+			var chain []int32
+			for j := head; j != nilNode; j = x.link(j).same {
 				if x.node(j).hash != nd.hash {
 					t.Fatalf("chain of %x holds %x", nd.hash, x.node(j).hash)
 				}
 				found = found || j == i
+				chain = append(chain, x.link(j).pod)
 			}
 			if !found {
 				t.Fatalf("entry %x of slot %d unreachable", nd.hash, slot)
+			}
+			tb := &x.stripes[st].table
+			k := tb.find(nd.hash, x)
+			bitsSet := 0
+			for w := range tb.words() {
+				bitsSet += bits.OnesCount64(tb.bits(k, w))
+			}
+			if bitsSet != len(chain) {
+				t.Fatalf("block %x: bitmap names %d endpoints, chain %v", nd.hash, bitsSet, chain)
 			}
 			distinct[st][nd.hash]++
 			n++
@@ -236,4 +253,63 @@ func TestPrefixIndexChurn(t *testing.T) {
 		}
 	}
 	checkIndex(t, x)
+}
+
+// TestPrefixIndexWidePool checks match against each endpoint's own entries
+// in a pool wider than one bitmap word (200 slots, three words), where a
+// slot's first add widens the tables it touches, with churn and removals.
+func TestPrefixIndexWidePool(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	x := NewPrefixIndex()
+	const slots = 200
+	for i := range 4000 {
+		slot := int32(r.IntN(slots))
+		if i < 300 {
+			slot = int32(i % 3 * 90) // 0, 90, 180 first: widen early
+		}
+		x.add(slot, 30, int64(i), seq(r.IntN(30)*4, 1+r.IntN(16)), false)
+		if i%1000 == 999 {
+			x.removePod(int32(r.IntN(slots)))
+		}
+	}
+	checkIndex(t, x)
+	for range 200 {
+		q := seq(r.IntN(30)*4, 1+r.IntN(24))
+		for _, consecutive := range []bool{true, false} {
+			got := counts(x, q, slots, consecutive)
+			// The reference: each slot's entries; GIE's scan stops at the
+			// first block no slot holds.
+			held := make([]map[uint64]bool, slots)
+			for s := range held {
+				held[s] = map[uint64]bool{}
+				for _, e := range x.entries(int32(s)) {
+					held[s][e.hash] = true
+				}
+			}
+			end := len(q)
+			for b, h := range q {
+				anyHeld := false
+				for s := range held {
+					anyHeld = anyHeld || held[s][h]
+				}
+				if !anyHeld {
+					end = b
+					break
+				}
+			}
+			for s := range held {
+				want := 0
+				for _, h := range q[:end] {
+					if held[s][h] {
+						want++
+					} else if consecutive {
+						break
+					}
+				}
+				if int(got[s]) != want {
+					t.Fatalf("consecutive=%v slot %d: matched %d, want %d", consecutive, s, got[s], want)
+				}
+			}
+		}
+	}
 }

@@ -333,6 +333,7 @@ type scratch struct {
 	stale  []*Endpoint
 	loads  []load
 	counts []int32 // prefix blocks matched, by endpoint slot
+	match  matchScratch
 	total  []float64
 	keys   []uint64
 	parts  [][numScorers]float64 // only for Explain
@@ -483,7 +484,7 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 		sc.counts = grow(sc.counts, set.slots)
 		clear(sc.counts)
 		if len(req.Hashes) > 0 {
-			s.pool.index.match(req.Hashes, sc.counts, !s.gie)
+			s.pool.index.match(req.Hashes, sc.counts, !s.gie, &sc.match)
 		}
 		for _, ep := range sc.cands {
 			maxHit = max(maxHit, sc.counts[ep.slot])
