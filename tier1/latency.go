@@ -128,6 +128,18 @@ func (m *latencyModel) observe(x *[numFeatures]float64, y float64) {
 	for i := range theta {
 		theta[i] += px[i] / den * e
 	}
+	// A request queued ahead, or prefill queued ahead, never makes a first
+	// token come sooner: keep those coefficients non-negative (projected
+	// RLS). Unconstrained, the fit trades them against the others on
+	// collinear features and can learn a negative one (a mixed fleet's
+	// A10G learned −1.2 s per waiting request); the pod then looks faster
+	// the more it is sent, and a burst herds onto it (Mooncake ×1.25: an
+	// A10G predicted 0 s took ten requests in a row, TTFTs 30–70 s). The
+	// batch and prefill terms are left free: on short prompts they also
+	// stand for what the features miss (an H100 with a large batch is a
+	// fast one), and bounding them cost 10% of Azure's goodput.
+	theta[1] = max(theta[1], 0)
+	theta[4] = max(theta[4], 0)
 	for i := range st.p {
 		for j := range st.p[i] {
 			st.p[i][j] = (st.p[i][j] - px[i]*px[j]/den) / latencyForget

@@ -589,6 +589,29 @@ func TestPrefillSecondsNeverFree(t *testing.T) {
 	}
 }
 
+// TestLatencyModelQueueNeverSpeedsUp feeds a model TTFTs that fall as the
+// queue and the prefill backlog grow (what a fit over collinear features
+// can make of noisy ones): the learned coefficients of waiting and backlog
+// stay non-negative, so sending a pod more never makes it look faster and
+// a burst cannot herd onto it.
+func TestLatencyModelQueueNeverSpeedsUp(t *testing.T) {
+	var m latencyModel
+	r := rand.New(rand.NewPCG(4, 4))
+	for range 500 {
+		waiting, backlog := float64(r.IntN(9)), float64(r.IntN(20000))
+		x := latencyFeatures(waiting, 8, 1000, backlog)
+		m.observe(&x, max(0.05, 3-0.3*waiting-backlog/10000))
+	}
+	c := m.coef.Load()
+	if c == nil || c[1] < 0 || c[4] < 0 {
+		t.Fatalf("learned %v, want waiting (θ1) and backlog (θ4) coefficients ≥ 0", c)
+	}
+	idle, queued := latencyFeatures(0, 8, 1000, 0), latencyFeatures(8, 8, 1000, 20000)
+	if p0, p1 := m.predict(&idle, true), m.predict(&queued, true); p1 < p0 {
+		t.Errorf("predicted %.3fs behind 8 requests and 20k tokens, %.3fs with none ahead: want no less", p1, p0)
+	}
+}
+
 func TestMeridianLoraAffinity(t *testing.T) {
 	pool, eps := newPool(
 		Metrics{LoRAReported: true, MaxLoRA: 2, RunningAdapters: []string{"hot1", "hot2"}}, // must evict a hot one
