@@ -34,6 +34,10 @@ type h1Transport struct {
 
 	mu   sync.Mutex
 	idle map[string][]*h1Conn // by host:port, most recently used last
+	// swept is when idle connections of every host were last checked
+	// against the idle timeout, so that a Tier-1 no longer used (a cluster
+	// removed) does not keep its connections open.
+	swept time.Time
 }
 
 // maxResponseHeader bounds a Tier-1's response headers (its connection's
@@ -236,11 +240,32 @@ func (t *h1Transport) put(addr string, c *h1Conn) {
 	c.used = t.now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.idleTimeout > 0 && c.used.Sub(t.swept) > t.idleTimeout {
+		t.sweep(c.used)
+	}
 	if len(t.idle[addr]) >= t.maxIdle {
 		c.nc.Close()
 		return
 	}
 	t.idle[addr] = append(t.idle[addr], c)
+}
+
+// sweep closes the connections idle longer than the idle timeout, of
+// every host (t.mu held). Each host's list is oldest first.
+func (t *h1Transport) sweep(now time.Time) {
+	t.swept = now
+	for addr, conns := range t.idle {
+		k := 0
+		for k < len(conns) && now.Sub(conns[k].used) > t.idleTimeout {
+			conns[k].nc.Close()
+			k++
+		}
+		if k == len(conns) {
+			delete(t.idle, addr)
+			continue
+		}
+		t.idle[addr] = append(conns[:0], conns[k:]...)
+	}
 }
 
 // CloseIdleConnections closes every idle connection (http.Client calls

@@ -230,3 +230,29 @@ func TestH1FallbackForTLS(t *testing.T) {
 		t.Errorf("https Tier-1 answered over %q, want HTTP/2.0", got)
 	}
 }
+
+// Connections to a Tier-1 no longer used (its cluster removed) are closed
+// once they have been idle past the idle timeout, when any connection goes
+// back to the pool.
+func TestH1SweepsIdleHosts(t *testing.T) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Write([]byte("ok"))
+	})
+	gone, kept := httptest.NewServer(handler), httptest.NewServer(handler)
+	defer gone.Close()
+	defer kept.Close()
+	tr, _ := countingH1(t)
+	now := time.Now()
+	tr.now = func() time.Time { return now }
+	fetch(t, t.Context(), tr, gone.URL, "a")
+	fetch(t, t.Context(), tr, kept.URL, "a")
+	now = now.Add(tr.idleTimeout + time.Second)
+	fetch(t, t.Context(), tr, kept.URL, "b") // its stale connection replaced, the sweep runs on put
+	if n := len(tr.idle[gone.Listener.Addr().String()]); n != 0 {
+		t.Errorf("%d connections to the unused Tier-1 still open past the idle timeout", n)
+	}
+	if n := len(tr.idle[kept.Listener.Addr().String()]); n != 1 {
+		t.Errorf("%d idle connections to the Tier-1 in use, want 1", n)
+	}
+}
