@@ -18,6 +18,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/meridian-router/meridian/config"
@@ -110,8 +111,10 @@ func newPlatform(tb testing.TB, srv *extproc.Server, scale float64) *platform {
 	go func() { served <- srv.Serve(ctx, lis, time.Second) }()
 	// Envoy's HTTP/2 windows for its gRPC clients default to 256 MiB per
 	// stream and connection: the picker's answers never wait on them.
+	// Its buffers come from the picker's pool (extproc.Codec).
 	p.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(256<<20), grpc.WithInitialConnWindowSize(256<<20))
+		grpc.WithInitialWindowSize(256<<20), grpc.WithInitialConnWindowSize(256<<20),
+		experimental.WithBufferPool(extproc.BufferPool()), grpc.WithDefaultCallOptions(grpc.ForceCodecV2(extproc.Codec)))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -54,6 +54,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -231,13 +232,15 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, drain time.Duratio
 // ServerOptions are the gRPC server options Serve uses: HTTP/2 flow-control
 // windows large enough that a whole 4 MiB body streams in without waiting
 // for window updates (gRPC's default 64 KiB window costs a round trip per
-// 64 KiB until its estimator catches up), and a message limit above
-// Envoy's largest body chunk.
+// 64 KiB until its estimator catches up), a message limit above Envoy's
+// largest body chunk, and gRPC's buffers from BufferPool (codec).
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InitialWindowSize(4 << 20),
 		grpc.InitialConnWindowSize(16 << 20),
 		grpc.MaxRecvMsgSize(16 << 20),
+		experimental.BufferPool(BufferPool()),
+		grpc.ForceServerCodecV2(codec{}),
 	}
 }
 
