@@ -4,7 +4,10 @@
 // the Replicas.Exchange gRPC stream, and applies what the others send to
 // its own prefix index. Without it every replica learns only its own
 // share of the traffic, and at N replicas prefix affinity degrades toward
-// round-robin (GIE's picker runs active-passive for that reason).
+// round-robin (GIE's picker runs active-passive for that reason). Each
+// replica also streams its load on each endpoint (in-flight count and
+// prefill backlog, PublishInFlight), so that the others' load estimates
+// and latency predictions count what every replica has queued there.
 //
 // It decides nothing about routing. Sending never blocks the request
 // path: Publish puts the event on a bounded queue per peer and counts a

@@ -290,6 +290,29 @@ func idleGateway(t testing.TB) *gateway.Gateway {
 	return gw
 }
 
+// serveReceiver serves an exchange named "b", applying what it receives to
+// into, on a loopback gRPC server until the test ends; it returns the
+// exchange and the server's address.
+func serveReceiver(tb testing.TB, into peers.Applier) (*peers.Exchange, string) {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	x, err := peers.New(peers.Config{Replica: "b", Logger: quiet})
+	if err != nil {
+		cancel()
+		tb.Fatal(err)
+	}
+	g := grpc.NewServer()
+	x.Register(g)
+	ran := x.Start(ctx, into)
+	go g.Serve(l)
+	tb.Cleanup(func() { cancel(); <-ran; g.Stop() })
+	return x, l.Addr().String()
+}
+
 // TestDropsAndReconnect: while a peer is down, events beyond the queue are
 // dropped and counted, never blocking Publish; once the peer comes up the
 // queued events reach it.
@@ -365,25 +388,14 @@ func TestConfigErrors(t *testing.T) {
 // small queue; every event is either sent or counted as dropped, and the
 // peer receives exactly the sent ones.
 func TestConcurrentPublish(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, addr := serveReceiver(t, idleGateway(t))
 	ctx, cancel := context.WithCancel(context.Background())
-	b, err := peers.New(peers.Config{Replica: "b", Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	b.Register(g)
-	bran := b.Start(ctx, idleGateway(t))
-	go g.Serve(l)
-	a, err := peers.New(peers.Config{Replica: "a", Peers: []string{l.Addr().String()}, QueueSize: 64, BatchSize: 16, Logger: quiet})
+	a, err := peers.New(peers.Config{Replica: "a", Peers: []string{addr}, QueueSize: 64, BatchSize: 16, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	aran := a.Start(ctx, idleGateway(t))
-	defer func() { cancel(); <-aran; <-bran; g.Stop() }()
+	defer func() { cancel(); <-aran }()
 	testkit.Eventually(t, "connected", func() bool { return a.Stats().Connected == 1 })
 
 	const workers, each = 8, 500
@@ -457,24 +469,10 @@ func TestReplicasShareInFlight(t *testing.T) {
 // the others when its stream ends (it stopped), backlog as well as
 // in-flight count.
 func TestPeerLoadForgottenWithPeer(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bctx, bcancel := context.WithCancel(context.Background())
-	b, err := peers.New(peers.Config{Replica: "b", Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	b.Register(g)
 	bgw := idleGateway(t)
-	bran := b.Start(bctx, bgw)
-	go g.Serve(l)
-	defer func() { bcancel(); <-bran; g.Stop() }()
-
+	_, addr := serveReceiver(t, bgw)
 	actx, acancel := context.WithCancel(context.Background())
-	a, err := peers.New(peers.Config{Replica: "a", Peers: []string{l.Addr().String()}, Logger: quiet})
+	a, err := peers.New(peers.Config{Replica: "a", Peers: []string{addr}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
