@@ -54,6 +54,16 @@ func synthetic(n int, gap time.Duration) *Workload {
 	return w
 }
 
+// twoH100s is a fresh engine's two simulated H100 pods.
+func twoH100s(t testing.TB) []*sim.Pod {
+	t.Helper()
+	pods, err := sim.NewEngine(1).AddFleet(fleet(t, "pools: [{name: p, profile: h100, count: 2}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pods
+}
+
 func mustPolicy(t testing.TB, kind string) Policy {
 	t.Helper()
 	p, err := ParsePolicy(kind, nil)
@@ -102,11 +112,7 @@ func TestRoundRobinAlternates(t *testing.T) {
 }
 
 func TestLeastRequestPrefersIdlerOfTwo(t *testing.T) {
-	e := sim.NewEngine(1)
-	pods, err := e.AddFleet(fleet(t, "pools: [{name: p, profile: h100, count: 2}]"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pods := twoH100s(t)
 	rs, err := newRouters(mustPolicy(t, LeastRequest), pods, pods[0].Model(), 1, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -199,11 +205,7 @@ func TestGIEDefaultHasGIESemantics(t *testing.T) {
 // Meridian replica reaches the other's prefix index, and a GIE replica's
 // does not.
 func TestReplicasSharePrefixOnlyInMeridianMode(t *testing.T) {
-	e := sim.NewEngine(1)
-	pods, err := e.AddFleet(fleet(t, "pools: [{name: p, profile: h100, count: 2}]"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pods := twoH100s(t)
 	snapshot := []sim.Metrics{{BlockSize: 16, NumGPUBlocks: 4000}, {BlockSize: 16, NumGPUBlocks: 4000}}
 	prompt := &item{tokens: 2048, hashIDs: []uint64{1, 2, 3, 4}}
 	for _, tc := range []struct {
@@ -533,4 +535,40 @@ func TestDurationAndLimit(t *testing.T) {
 	if len(w.Records) != 7 || w.Records[0].HashIDs != nil {
 		t.Errorf("%d records, hash ids %v", len(w.Records), w.Records[0].HashIDs)
 	}
+}
+
+// TestReplicasShareLoad: a Meridian replica tells the other what tier1's
+// gateway publishes live, through the same Scheduler method: its in-flight
+// count and prefill backlog on the pod, at dispatch, at the first token and
+// at the end.
+func TestReplicasShareLoad(t *testing.T) {
+	pods := twoH100s(t)
+	rs, err := newRouters(mustPolicy(t, Meridian), pods, pods[0].Model(), 2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapshot := []sim.Metrics{{BlockSize: 16, NumGPUBlocks: 4000}, {BlockSize: 16, NumGPUBlocks: 4000}}
+	for _, r := range rs {
+		r.scrape(snapshot, 0)
+	}
+	prompt := &item{tokens: 2048, hashIDs: []uint64{1, 2, 3, 4}}
+	k, done, err := rs[0].route(prompt, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, theirs := rs[0].(*tier1Router).eps[k], rs[1].(*tier1Router).eps[k]
+	check := func(when string, want tier1.PeerLoad) {
+		t.Helper()
+		if got := mine.LoadReport(); got != want {
+			t.Fatalf("%s: replica 0's load %+v, want %+v", when, got, want)
+		}
+		if got := (tier1.PeerLoad{InFlight: theirs.PeerInFlight(), Backlog: theirs.PeerBacklog()}); got != want {
+			t.Fatalf("%s: replica 1 sees %+v, want replica 0's %+v", when, got, want)
+		}
+	}
+	check("dispatched", tier1.PeerLoad{InFlight: 1, Backlog: 2048})
+	prompt.firstToken(time.Second)
+	check("first token", tier1.PeerLoad{InFlight: 1})
+	done(&sim.Outcome{})
+	check("done", tier1.PeerLoad{})
 }

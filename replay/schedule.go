@@ -25,7 +25,7 @@ type tier1Router struct {
 	slot  map[*tier1.Endpoint]int
 	model string
 	// peers receive this replica's dispatches as prefix events and its
-	// in-flight counts (Meridian mode with several replicas); name is the
+	// loads (Meridian mode with several replicas); name is the
 	// replica's name in them.
 	peers []*tier1Router
 	name  string
@@ -96,8 +96,12 @@ func (r *tier1Router) route(it *item, now time.Duration) (int, func(*sim.Outcome
 		}
 	}
 	r.publishInFlight(ep)
-	// The latency model learns each TTFT at the first token, as live.
-	it.firstToken = func(ttft time.Duration) { ticket.FirstToken(ttft) }
+	// The latency model learns each TTFT at the first token, as live, and
+	// the prompt leaves the backlog the other replicas are told of.
+	it.firstToken = func(ttft time.Duration) {
+		ticket.FirstToken(ttft)
+		r.publishInFlight(ep)
+	}
 	return r.slot[ep], func(o *sim.Outcome) {
 		if ttft := o.TTFT(); ttft >= 0 {
 			ticket.FirstToken(ttft) // a one-token request: no earlier report
@@ -107,11 +111,16 @@ func (r *tier1Router) route(it *item, now time.Duration) (int, func(*sim.Outcome
 	}, nil
 }
 
-// publishInFlight tells the other replicas this one's in-flight count on
-// ep, as tier1/peers does live (here instantly).
+// publishInFlight tells the other replicas this one's load on ep (the
+// in-flight count and prefill backlog tier1/gateway publishes live, at the
+// same moments), as tier1/peers carries it (here instantly).
 func (r *tier1Router) publishInFlight(ep *tier1.Endpoint) {
+	if len(r.peers) == 0 {
+		return
+	}
+	load := ep.LoadReport()
 	for _, p := range r.peers {
-		p.sched.ApplyPeerInFlight(r.name, ep.ID, ep.InFlight())
+		p.sched.ApplyPeerInFlight(r.name, ep.ID, load)
 	}
 }
 

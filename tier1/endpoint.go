@@ -112,8 +112,10 @@ type Endpoint struct {
 	backlog atomic.Int64
 	// peerInFlight is the other replicas' in-flight requests here, as
 	// they last reported them; peerBase its value at the last scrape.
+	// peerBacklog is the sum of their backlogs here (tier1/peerload.go).
 	peerInFlight atomic.Int64
 	peerBase     atomic.Int64
+	peerBacklog  atomic.Int64
 
 	pendingMu       sync.Mutex
 	pendingAdapters []string // adapters dispatched since the last scrape
@@ -161,6 +163,27 @@ func (e *Endpoint) InFlight() int64 { return e.inFlight.Load() }
 // last reported them (Scheduler.ApplyPeerInFlight).
 func (e *Endpoint) PeerInFlight() int64 { return e.peerInFlight.Load() }
 
+// Backlog is this replica's prefill backlog here, in prompt tokens: the
+// uncached prompt tokens of the requests it sent whose first token it has
+// not seen.
+func (e *Endpoint) Backlog() int64 { return max(0, e.backlog.Load()) }
+
+// PeerBacklog is the other replicas' prefill backlog here, as they last
+// reported it (Scheduler.ApplyPeerInFlight).
+func (e *Endpoint) PeerBacklog() int64 { return e.peerBacklog.Load() }
+
+// LoadReport is what this replica tells the others about its load here,
+// after every change (dispatch, first token, end): they apply it with
+// Scheduler.ApplyPeerInFlight.
+func (e *Endpoint) LoadReport() PeerLoad {
+	return PeerLoad{InFlight: e.InFlight(), Backlog: e.Backlog()}
+}
+
+func (e *Endpoint) addPeerLoad(d PeerLoad) {
+	e.peerInFlight.Add(d.InFlight)
+	e.peerBacklog.Add(d.Backlog)
+}
+
 // load is an endpoint's state as a decision sees it: the scrape corrected
 // by what Meridian sent and saw finish since.
 type load struct {
@@ -169,7 +192,7 @@ type load struct {
 	running float64 // scraped running − completions beyond dispatches
 	kv      float64 // scraped KV use + KV of prompt tokens sent since
 	tokens  float64 // prompt tokens sent since the scrape
-	backlog float64 // uncached prompt tokens sent and not yet first-tokened
+	backlog float64 // uncached prompt tokens sent and not yet first-tokened, by any replica
 }
 
 var zeroMetrics Metrics
@@ -183,7 +206,10 @@ func (e *Endpoint) load() load {
 	// Other replicas' requests sent since the scrape count as dispatched.
 	d += float64(max(0, e.peerInFlight.Load()-e.peerBase.Load()))
 	tok := float64(e.tokens.Load())
-	l := load{m: m, tokens: tok, backlog: float64(max(0, e.backlog.Load()))}
+	// The prefill queued ahead is the other replicas' as well as ours: a
+	// replica seeing only its own would see 1/N of it.
+	backlog := max(0, e.backlog.Load()) + max(0, e.peerBacklog.Load())
+	l := load{m: m, tokens: tok, backlog: float64(backlog)}
 	l.waiting = float64(m.Waiting) + max(0, d-c)
 	l.running = max(0, float64(m.Running)-max(0, c-d))
 	l.kv = m.KVCacheUsage

@@ -14,9 +14,10 @@ import (
 // where waiting counts requests queued ahead (scraped plus dispatched
 // since), running the batch it joins, uncached the prompt tokens this
 // request must prefill (its tokens less the prefix cached there), and
-// backlog the uncached prompt tokens this replica sent there whose first
-// token it has not yet seen (prefill queued ahead). Each endpoint learns its own θ by recursive least
-// squares with forgetting from the TTFTs it actually shows, so a slower
+// backlog the uncached prompt tokens sent there whose first token has not
+// yet been seen (prefill queued ahead), this replica's plus what the other
+// replicas report of theirs (peerload.go). Each endpoint learns its own θ
+// by recursive least squares with forgetting from the TTFTs it actually shows, so a slower
 // card (or one sharing its GPU) ends up with larger coefficients and the
 // same work is priced higher there. Until it has seen any, an endpoint
 // predicts with the prior below, which roughly describes an 8B model on

@@ -784,3 +784,89 @@ func TestLatencyModelTriesUnobservedPod(t *testing.T) {
 		t.Fatalf("picked %v (%v), want the untried p1", got, err)
 	}
 }
+
+// TestPeerBacklogCountsInPrediction: the prefill queued on a pod by
+// another replica weighs in this replica's predicted latency as its own
+// would, until the other replica reports its first token; without it two
+// replicas each see half of what is queued ahead (docs/tuning.md, "Two
+// replicas").
+func TestPeerBacklogCountsInPrediction(t *testing.T) {
+	poolA, epsA := newPool(Metrics{Running: 4}, Metrics{Running: 4})
+	poolB, epsB := newPool(Metrics{Running: 4}, Metrics{Running: 4})
+	a := newSched(t, poolA, config.ScoringMeridian, config.Weights{PredictedLatency: 1}, "")
+	b := newSched(t, poolB, config.ScoringMeridian, config.Weights{PredictedLatency: 1}, "")
+	publish := func(ep *Endpoint) {
+		t.Helper()
+		if !b.ApplyPeerInFlight("a", ep.ID, ep.LoadReport()) {
+			t.Fatalf("report on %s dropped", ep.ID)
+		}
+	}
+	// Replica A sends one request to each pod: a long prompt to p0, a
+	// short one to p1. B is told the same in-flight count on both.
+	long := a.Dispatch(epsA[0], &Request{Model: "llama", PromptTokens: 20000}, t0)
+	a.Dispatch(epsA[1], &Request{Model: "llama", PromptTokens: 200}, t0)
+	if got := epsA[0].LoadReport(); got != (PeerLoad{InFlight: 1, Backlog: 20000}) {
+		t.Fatalf("A's report on p0 = %+v, want 1 request and 20000 tokens of backlog", got)
+	}
+	publish(epsA[0])
+	publish(epsA[1])
+	req := &Request{Model: "llama", PromptTokens: 1000}
+	if got := parts(t, b, req, PredictedLatency); !(got[0] < got[1]) {
+		t.Fatalf("B's predicted-latency scores %v: A's 20000 queued tokens on p0 do not count", got)
+	}
+	if got, err := b.Schedule(req, t0, nil); err != nil || got[0] != epsB[1] {
+		t.Fatalf("B picked %v (%v), want p1, with less prefill queued", got, err)
+	}
+	// A's first token takes the long prompt out of its backlog; its report
+	// (the request still in flight) puts p0, with nothing queued, ahead of
+	// p1 and its 200 tokens.
+	long.FirstToken(time.Second)
+	publish(epsA[0])
+	if got := parts(t, b, req, PredictedLatency); !(got[0] > got[1]) {
+		t.Fatalf("after A's first token: scores %v, want p0 ahead", got)
+	}
+	if epsB[0].PeerBacklog() != 0 || epsB[1].PeerBacklog() != 200 || epsB[0].PeerInFlight() != 1 {
+		t.Fatalf("B's peer load: p0 %d tokens %d requests, p1 %d tokens; want 0, 1, 200",
+			epsB[0].PeerBacklog(), epsB[0].PeerInFlight(), epsB[1].PeerBacklog())
+	}
+	// A replica that stops no longer counts.
+	poolB.ForgetPeer("a")
+	if epsB[1].PeerBacklog() != 0 || epsB[1].PeerInFlight() != 0 {
+		t.Fatalf("after ForgetPeer: p1 %d tokens %d requests, want none", epsB[1].PeerBacklog(), epsB[1].PeerInFlight())
+	}
+}
+
+// TestPeerLoadBounded: a peer's figures are clamped, so bad reports can
+// neither overflow the sums nor make a pod look lighter than idle; a
+// report on an endpoint re-added since (a new server under the same ID)
+// starts from nothing.
+func TestPeerLoadBounded(t *testing.T) {
+	pool, eps := newPool(Metrics{})
+	s := newSched(t, pool, config.ScoringMeridian, config.DefaultWeights(), "")
+	huge := PeerLoad{InFlight: math.MaxInt64, Backlog: math.MaxInt64}
+	s.ApplyPeerInFlight("bad-1", eps[0].ID, huge)
+	s.ApplyPeerInFlight("bad-2", eps[0].ID, huge)
+	if eps[0].PeerInFlight() != 2*maxPeerLoad || eps[0].PeerBacklog() != 2*maxPeerLoad {
+		t.Fatalf("two huge reports: %d requests %d tokens, want each 2×%d", eps[0].PeerInFlight(), eps[0].PeerBacklog(), maxPeerLoad)
+	}
+	s.ApplyPeerInFlight("bad-1", eps[0].ID, PeerLoad{InFlight: -5, Backlog: math.MinInt64})
+	s.ApplyPeerInFlight("bad-2", eps[0].ID, PeerLoad{InFlight: -5, Backlog: math.MinInt64})
+	if eps[0].PeerInFlight() != 0 || eps[0].PeerBacklog() != 0 {
+		t.Fatalf("negative reports: %d requests %d tokens, want 0", eps[0].PeerInFlight(), eps[0].PeerBacklog())
+	}
+
+	s.ApplyPeerInFlight("a", "p0", PeerLoad{InFlight: 5, Backlog: 100})
+	pool.Add("p0", "10.0.0.99:8000") // a new address: a new server
+	ep := pool.Endpoint("p0")
+	if ep == eps[0] {
+		t.Fatal("re-adding with a new address kept the endpoint")
+	}
+	s.ApplyPeerInFlight("a", "p0", PeerLoad{InFlight: 2, Backlog: 40})
+	if ep.PeerInFlight() != 2 || ep.PeerBacklog() != 40 {
+		t.Fatalf("re-added endpoint: %d requests %d tokens, want A's latest 2 and 40", ep.PeerInFlight(), ep.PeerBacklog())
+	}
+	pool.ForgetPeer("a")
+	if ep.PeerInFlight() != 0 || ep.PeerBacklog() != 0 {
+		t.Fatalf("after ForgetPeer: %d requests %d tokens, want 0", ep.PeerInFlight(), ep.PeerBacklog())
+	}
+}

@@ -84,11 +84,12 @@ type Config struct {
 	// Prompts, when set, sees every routed prompt to report where tenants'
 	// prompts break the prefix cache; nil means no report.
 	Prompts *hygiene.Sketch
-	// OnInFlight, when set, is called after every dispatch and every end
-	// of a request in a Meridian-mode pool with the pool, the endpoint's
-	// ID and this replica's in-flight count there, for sharing with
+	// OnInFlight, when set, is called after every dispatch, first token
+	// and end of a request in a Meridian-mode pool with the pool, the
+	// endpoint's ID and this replica's load there (in-flight count and
+	// prefill backlog, tier1.Endpoint.LoadReport), for sharing with
 	// replicas (peers.Exchange.PublishInFlight). It must not block.
-	OnInFlight func(pool, endpoint string, count int64)
+	OnInFlight func(pool, endpoint string, load tier1.PeerLoad)
 	// Tier2Key, when set, is the key Tier-2s sign x-meridian-tenant and
 	// x-meridian-band with (internal/trust): a request that carries either
 	// without a valid x-meridian-signature is refused with 401, so that
@@ -547,28 +548,28 @@ func (g *Gateway) Dispatch(d *Decision, ep *tier1.Endpoint) *Attempt {
 	return a
 }
 
-// publishInFlight shares this replica's in-flight count on the attempt's
-// endpoint with the other replicas.
+// publishInFlight shares this replica's load on the attempt's endpoint
+// with the other replicas.
 func (a *Attempt) publishInFlight() {
 	if a.g.cfg.OnInFlight != nil && a.d.sched.SharesPrefixIndex() {
 		ep := a.ticket.Endpoint()
-		a.g.cfg.OnInFlight(a.d.Pool, ep.ID, ep.InFlight())
+		a.g.cfg.OnInFlight(a.d.Pool, ep.ID, ep.LoadReport())
 	}
 }
 
-// ApplyPeerInFlight records another replica's in-flight count on an
-// endpoint of a pool (tier1.Scheduler.ApplyPeerInFlight).
-func (g *Gateway) ApplyPeerInFlight(pool, replica, endpoint string, count int64) bool {
+// ApplyPeerInFlight records another replica's load on an endpoint of a
+// pool (tier1.Scheduler.ApplyPeerInFlight).
+func (g *Gateway) ApplyPeerInFlight(pool, replica, endpoint string, load tier1.PeerLoad) bool {
 	t := g.table.Load()
 	for _, r := range t.byModel {
 		if r.state.name == pool {
-			return r.sched.ApplyPeerInFlight(replica, endpoint, count)
+			return r.sched.ApplyPeerInFlight(replica, endpoint, load)
 		}
 	}
 	return false
 }
 
-// ForgetPeer drops the in-flight counts a replica reported, in every pool.
+// ForgetPeer drops the loads a replica reported, in every pool.
 func (g *Gateway) ForgetPeer(replica string) {
 	for _, v := range g.Pools() {
 		v.Pool.ForgetPeer(replica)
@@ -604,6 +605,9 @@ func (a *Attempt) FirstByte() {
 	a.first = true
 	ttft := a.g.cfg.Now().Sub(a.sent)
 	a.ticket.FirstToken(ttft)
+	// The request's prompt has left the prefill backlog: the other
+	// replicas would otherwise count it until the request ends.
+	a.publishInFlight()
 	a.d.state.stats.observeTTFT(a.sent, ttft)
 	a.g.metrics.ttft.WithLabelValues(a.d.Model, a.d.Pool).Observe(ttft.Seconds())
 }

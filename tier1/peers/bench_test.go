@@ -2,10 +2,7 @@ package peers_test
 
 import (
 	"context"
-	"net"
 	"testing"
-
-	"google.golang.org/grpc"
 
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/tier1"
@@ -17,25 +14,14 @@ import (
 // loopback gRPC and the peer applies to a gateway's index: ns/op is per
 // event, end to end (publish → batch → stream → apply).
 func BenchmarkExchange(b *testing.B) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	recv, addr := serveReceiver(b, idleGateway(b))
 	ctx, cancel := context.WithCancel(context.Background())
-	recv, err := peers.New(peers.Config{Replica: "b", Logger: quiet})
-	if err != nil {
-		b.Fatal(err)
-	}
-	g := grpc.NewServer()
-	recv.Register(g)
-	bran := recv.Start(ctx, idleGateway(b))
-	go g.Serve(l)
-	send, err := peers.New(peers.Config{Replica: "a", Peers: []string{l.Addr().String()}, QueueSize: 1 << 16, Logger: quiet})
+	send, err := peers.New(peers.Config{Replica: "a", Peers: []string{addr}, QueueSize: 1 << 16, Logger: quiet})
 	if err != nil {
 		b.Fatal(err)
 	}
 	aran := send.Start(ctx, idleGateway(b))
-	defer func() { cancel(); <-aran; <-bran; g.Stop() }()
+	defer func() { cancel(); <-aran }()
 	testkit.Eventually(b, "connected", func() bool { return send.Stats().Connected == 1 })
 
 	hashes := make([]uint64, 256)

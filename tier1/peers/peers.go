@@ -4,7 +4,10 @@
 // the Replicas.Exchange gRPC stream, and applies what the others send to
 // its own prefix index. Without it every replica learns only its own
 // share of the traffic, and at N replicas prefix affinity degrades toward
-// round-robin (GIE's picker runs active-passive for that reason).
+// round-robin (GIE's picker runs active-passive for that reason). Each
+// replica also streams its load on each endpoint (in-flight count and
+// prefill backlog, PublishInFlight), so that the others' load estimates
+// and latency predictions count what every replica has queued there.
 //
 // It decides nothing about routing. Sending never blocks the request
 // path: Publish puts the event on a bounded queue per peer and counts a
@@ -87,13 +90,14 @@ type Applier interface {
 	ApplyPrefixEvent(pool string, ev tier1.PrefixEvent) bool
 }
 
-// InFlightApplier is an Applier that also takes other replicas' in-flight
-// counts (gateway.Gateway does): ApplyPeerInFlight records a replica's
-// count on an endpoint of a pool, ForgetPeer drops a replica's counts when
-// its stream ends. Same goroutines and rules as Applier.
+// InFlightApplier is an Applier that also takes other replicas' loads
+// (in-flight count and prefill backlog; gateway.Gateway does):
+// ApplyPeerInFlight records a replica's load on an endpoint of a pool,
+// ForgetPeer drops a replica's loads when its stream ends. Same goroutines
+// and rules as Applier.
 type InFlightApplier interface {
 	Applier
-	ApplyPeerInFlight(pool, replica, endpoint string, count int64) bool
+	ApplyPeerInFlight(pool, replica, endpoint string, load tier1.PeerLoad) bool
 	ForgetPeer(replica string)
 }
 
@@ -108,7 +112,7 @@ type Exchange struct {
 	metrics *metrics
 
 	received, applied, unknown atomic.Int64
-	inFlight                   atomic.Int64 // in-flight counts applied
+	inFlight                   atomic.Int64 // in-flight loads applied
 
 	tier1v1.UnimplementedReplicasServer
 }
@@ -125,12 +129,12 @@ type peer struct {
 }
 
 // item is one queued event: a prefix event, or (inFlight set) this
-// replica's in-flight count on ev.Endpoint.
+// replica's load on ev.Endpoint.
 type item struct {
 	pool     string
 	ev       tier1.PrefixEvent
 	inFlight bool
-	count    int64
+	load     tier1.PeerLoad
 }
 
 // New validates cfg and returns an Exchange that is not yet running.
@@ -199,12 +203,12 @@ func (x *Exchange) enqueue(it item) {
 	}
 }
 
-// PublishInFlight queues this replica's in-flight count on an endpoint
-// for every peer, like Publish. It has the signature of
-// gateway.Config.OnInFlight. Counts are absolute, so a dropped one is
-// corrected by the next.
-func (x *Exchange) PublishInFlight(pool, endpoint string, count int64) {
-	x.enqueue(item{pool: pool, ev: tier1.PrefixEvent{Endpoint: endpoint}, inFlight: true, count: count})
+// PublishInFlight queues this replica's load on an endpoint (in-flight
+// count and prefill backlog) for every peer, like Publish. It has the
+// signature of gateway.Config.OnInFlight. Loads are absolute, so a dropped
+// one is corrected by the next.
+func (x *Exchange) PublishInFlight(pool, endpoint string, load tier1.PeerLoad) {
+	x.enqueue(item{pool: pool, ev: tier1.PrefixEvent{Endpoint: endpoint}, inFlight: true, load: load})
 }
 
 // Register adds the Replicas service to g.
@@ -298,7 +302,8 @@ func (x *Exchange) stream(ctx context.Context, client tier1v1.ReplicasClient, p 
 		msg.Prefix, msg.InFlight = msg.Prefix[:0], msg.InFlight[:0]
 		for {
 			if it.inFlight {
-				msg.InFlight = append(msg.InFlight, &tier1v1.InFlight{Pool: it.pool, Endpoint: it.ev.Endpoint, Count: it.count})
+				msg.InFlight = append(msg.InFlight, &tier1v1.InFlight{Pool: it.pool, Endpoint: it.ev.Endpoint,
+					Count: it.load.InFlight, PrefillBacklogTokens: it.load.Backlog})
 			} else {
 				n := len(msg.Prefix)
 				if n == len(store) {
@@ -378,7 +383,10 @@ func (x *Exchange) Exchange(st grpc.BidiStreamingServer[tier1v1.PeerEvents, tier
 				fa, _ = box.Applier.(InFlightApplier)
 			}
 			for _, f := range m.GetInFlight() {
-				if fa != nil && fa.ApplyPeerInFlight(f.GetPool(), replica, f.GetEndpoint(), f.GetCount()) {
+				// A replica that predates the backlog sends none (0),
+				// which adds nothing: it is treated as before.
+				load := tier1.PeerLoad{InFlight: f.GetCount(), Backlog: f.GetPrefillBacklogTokens()}
+				if fa != nil && fa.ApplyPeerInFlight(f.GetPool(), replica, f.GetEndpoint(), load) {
 					x.inFlight.Add(1)
 				}
 			}
@@ -401,8 +409,9 @@ type Stats struct {
 	Received, Applied, Unknown int64
 	// Connected counts peers with an open stream.
 	Connected int
-	// InFlight counts other replicas' in-flight counts applied (not
-	// included in Received). Sent and Dropped include them.
+	// InFlight counts other replicas' loads (in-flight count and
+	// backlog) applied (not included in Received). Sent and Dropped
+	// include them.
 	InFlight int64
 }
 

@@ -290,6 +290,29 @@ func idleGateway(t testing.TB) *gateway.Gateway {
 	return gw
 }
 
+// serveReceiver serves an exchange named "b", applying what it receives to
+// into, on a loopback gRPC server until the test ends; it returns the
+// exchange and the server's address.
+func serveReceiver(tb testing.TB, into peers.Applier) (*peers.Exchange, string) {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	x, err := peers.New(peers.Config{Replica: "b", Logger: quiet})
+	if err != nil {
+		cancel()
+		tb.Fatal(err)
+	}
+	g := grpc.NewServer()
+	x.Register(g)
+	ran := x.Start(ctx, into)
+	go g.Serve(l)
+	tb.Cleanup(func() { cancel(); <-ran; g.Stop() })
+	return x, l.Addr().String()
+}
+
 // TestDropsAndReconnect: while a peer is down, events beyond the queue are
 // dropped and counted, never blocking Publish; once the peer comes up the
 // queued events reach it.
@@ -365,25 +388,14 @@ func TestConfigErrors(t *testing.T) {
 // small queue; every event is either sent or counted as dropped, and the
 // peer receives exactly the sent ones.
 func TestConcurrentPublish(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, addr := serveReceiver(t, idleGateway(t))
 	ctx, cancel := context.WithCancel(context.Background())
-	b, err := peers.New(peers.Config{Replica: "b", Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	b.Register(g)
-	bran := b.Start(ctx, idleGateway(t))
-	go g.Serve(l)
-	a, err := peers.New(peers.Config{Replica: "a", Peers: []string{l.Addr().String()}, QueueSize: 64, BatchSize: 16, Logger: quiet})
+	a, err := peers.New(peers.Config{Replica: "a", Peers: []string{addr}, QueueSize: 64, BatchSize: 16, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	aran := a.Start(ctx, idleGateway(t))
-	defer func() { cancel(); <-aran; <-bran; g.Stop() }()
+	defer func() { cancel(); <-aran }()
 	testkit.Eventually(t, "connected", func() bool { return a.Stats().Connected == 1 })
 
 	const workers, each = 8, 500
@@ -408,32 +420,33 @@ func TestConcurrentPublish(t *testing.T) {
 	t.Logf("sender: %+v", a.Stats())
 }
 
-// Replicas tell each other their in-flight counts: a request held open on
-// one replica shows on the other's endpoint, and is gone from it once the
-// request ends.
+// peerLoad sums what the other replicas reported to r over its endpoints.
+func peerLoad(r *replica) tier1.PeerLoad {
+	var l tier1.PeerLoad
+	for _, v := range r.gw.Pools() {
+		for _, ep := range v.Pool.Endpoints() {
+			l.InFlight += ep.PeerInFlight()
+			l.Backlog += ep.PeerBacklog()
+		}
+	}
+	return l
+}
+
+// Replicas tell each other their in-flight counts and prefill backlogs: a
+// request held open on one replica shows on the other's endpoint, and is
+// gone from it once the request ends.
 func TestReplicasShareInFlight(t *testing.T) {
 	pods := startPods(t, 2)
 	rs := startReplicas(t, 2, "meridian", true, pods)
-	peerCount := func(r *replica) int64 {
-		var n int64
-		for _, v := range r.gw.Pools() {
-			for _, ep := range v.Pool.Endpoints() {
-				n += ep.PeerInFlight()
-			}
-		}
-		return n
-	}
-	// Published counts are absolute: the latest per endpoint wins.
+	// Published loads are absolute: the latest per endpoint wins.
 	ep := rs[0].gw.Pools()[0].Pool.Endpoints()[0]
-	rs[0].x.PublishInFlight("chat", ep.ID, 5)
-	testkit.Eventually(t, "replica 1 sees replica 0's 5 requests", func() bool { return peerCount(rs[1]) == 5 })
-	rs[0].x.PublishInFlight("chat", ep.ID, 2)
-	testkit.Eventually(t, "replica 1 sees them fall to 2", func() bool { return peerCount(rs[1]) == 2 })
-	rs[0].x.PublishInFlight("chat", ep.ID, 0)
-	testkit.Eventually(t, "and to 0", func() bool { return peerCount(rs[1]) == 0 })
+	for _, l := range []tier1.PeerLoad{{InFlight: 5, Backlog: 3000}, {InFlight: 2, Backlog: 0}, {InFlight: 3, Backlog: 700}, {}} {
+		rs[0].x.PublishInFlight("chat", ep.ID, l)
+		testkit.Eventually(t, fmt.Sprintf("replica 1 sees replica 0's %+v", l), func() bool { return peerLoad(rs[1]) == l })
+	}
 	// Through the proxy: a request served by replica 0 is published when
-	// dispatched and when done, so replica 1 ends at 0 again, having
-	// received the counts (applied, not unknown).
+	// dispatched, at its first token and when done, so replica 1 ends at
+	// 0 again, having received the loads (applied, not unknown).
 	before := rs[1].x.Stats().InFlight
 	resp, err := http.Post(rs[0].url+"/v1/chat/completions", "application/json", strings.NewReader(chat("in flight")))
 	if err != nil {
@@ -444,10 +457,35 @@ func TestReplicasShareInFlight(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	testkit.Eventually(t, "replica 1 applied replica 0's dispatch and end", func() bool {
-		return rs[1].x.Stats().InFlight >= before+2 && peerCount(rs[1]) == 0
+	testkit.Eventually(t, "replica 1 applied replica 0's dispatch, first token and end", func() bool {
+		return rs[1].x.Stats().InFlight >= before+3 && peerLoad(rs[1]) == tier1.PeerLoad{}
 	})
 	if u := rs[1].x.Stats().Unknown; u != 0 {
 		t.Errorf("%d events unknown to replica 1", u)
 	}
+}
+
+// TestPeerLoadForgottenWithPeer: what a replica reported stops counting on
+// the others when its stream ends (it stopped), backlog as well as
+// in-flight count.
+func TestPeerLoadForgottenWithPeer(t *testing.T) {
+	bgw := idleGateway(t)
+	_, addr := serveReceiver(t, bgw)
+	actx, acancel := context.WithCancel(context.Background())
+	a, err := peers.New(peers.Config{Replica: "a", Peers: []string{addr}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aran := a.Start(actx, idleGateway(t))
+	defer func() { acancel(); <-aran }()
+	ep := bgw.Pools()[0].Pool.Endpoint("pod-a")
+	a.PublishInFlight("chat", "pod-a", tier1.PeerLoad{InFlight: 3, Backlog: 2048})
+	testkit.Eventually(t, "b sees a's 3 requests and 2048 tokens on pod-a", func() bool {
+		return ep.PeerInFlight() == 3 && ep.PeerBacklog() == 2048
+	})
+	acancel()
+	<-aran
+	testkit.Eventually(t, "b forgets them once a's stream ends", func() bool {
+		return ep.PeerInFlight() == 0 && ep.PeerBacklog() == 0
+	})
 }

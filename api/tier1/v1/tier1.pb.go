@@ -510,15 +510,21 @@ func (x *PrefixEvent) GetStamp() int64 {
 	return 0
 }
 
-// InFlight is the sending replica's count of requests outstanding on an
-// endpoint.
+// InFlight is the sending replica's load on an endpoint: its count of
+// requests outstanding there and its prefill backlog. Both are absolute
+// (the latest report replaces the previous one).
 type InFlight struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
-	Endpoint      string                 `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	Count         int64                  `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Pool     string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	Endpoint string                 `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Count    int64                  `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	// Prefill backlog, in prompt tokens: the uncached prompt tokens of the
+	// requests this replica sent to the endpoint whose first token it has
+	// not yet seen (the backlog feature of Tier-1's latency model). Absent
+	// (0) from replicas that predate it, which then add no backlog.
+	PrefillBacklogTokens int64 `protobuf:"varint,4,opt,name=prefill_backlog_tokens,json=prefillBacklogTokens,proto3" json:"prefill_backlog_tokens,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *InFlight) Reset() {
@@ -568,6 +574,13 @@ func (x *InFlight) GetEndpoint() string {
 func (x *InFlight) GetCount() int64 {
 	if x != nil {
 		return x.Count
+	}
+	return 0
+}
+
+func (x *InFlight) GetPrefillBacklogTokens() int64 {
+	if x != nil {
+		return x.PrefillBacklogTokens
 	}
 	return 0
 }
@@ -629,11 +642,12 @@ const file_tier1_proto_rawDesc = "" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x16\n" +
 	"\x06hashes\x18\x03 \x03(\x06R\x06hashes\x12\x14\n" +
-	"\x05stamp\x18\x04 \x01(\x03R\x05stamp\"P\n" +
+	"\x05stamp\x18\x04 \x01(\x03R\x05stamp\"\x86\x01\n" +
 	"\bInFlight\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x14\n" +
-	"\x05count\x18\x03 \x01(\x03R\x05count2Z\n" +
+	"\x05count\x18\x03 \x01(\x03R\x05count\x124\n" +
+	"\x16prefill_backlog_tokens\x18\x04 \x01(\x03R\x14prefillBacklogTokens2Z\n" +
 	"\n" +
 	"PoolHealth\x12L\n" +
 	"\x05Watch\x12\x1f.meridian.tier1.v1.WatchRequest\x1a .meridian.tier1.v1.ClusterDigest0\x012X\n" +

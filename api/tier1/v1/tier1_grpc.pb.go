@@ -144,7 +144,8 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // Replicas lets the Tier-1 replicas of one cluster share what each of them
-// dispatched, so their prefix indexes and in-flight counts agree.
+// dispatched, so their prefix indexes, in-flight counts and prefill
+// backlogs agree.
 type ReplicasClient interface {
 	// Exchange streams this replica's events to a peer and receives the
 	// peer's. Either side may open it; events are idempotent.
@@ -177,7 +178,8 @@ type Replicas_ExchangeClient = grpc.BidiStreamingClient[PeerEvents, PeerEvents]
 // for forward compatibility.
 //
 // Replicas lets the Tier-1 replicas of one cluster share what each of them
-// dispatched, so their prefix indexes and in-flight counts agree.
+// dispatched, so their prefix indexes, in-flight counts and prefill
+// backlogs agree.
 type ReplicasServer interface {
 	// Exchange streams this replica's events to a peer and receives the
 	// peer's. Either side may open it; events are idempotent.
