@@ -236,7 +236,7 @@ func TestReplicasSharePrefixOnlyInMeridianMode(t *testing.T) {
 }
 
 func TestDeterministic(t *testing.T) {
-	w := mooncake(t, 250)
+	w := mooncake(t, 100)
 	policies, err := ParsePolicies(strings.Join(PolicyKinds, ","), nil)
 	if err != nil {
 		t.Fatal(err)
