@@ -6,6 +6,33 @@ import (
 	"testing"
 )
 
+// Loop starts workers goroutines, each calling f(worker, i) for i = 0, 1,
+// 2, … until stop is called; stop waits for every goroutine to return, so
+// no call of f runs once it has returned.
+func Loop(workers int, f func(worker, i int)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				f(w, i)
+			}
+		}()
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done) })
+		wg.Wait()
+	}
+}
+
 // UnderTraffic runs change while clients goroutines call send in a loop
 // (client, request number; a non-empty return is a failure), waits until
 // applied reports the change in force and at least 8 more requests have

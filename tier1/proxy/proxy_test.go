@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -297,33 +296,20 @@ func TestStalePodAvoided(t *testing.T) {
 
 func TestReloadWithoutLoss(t *testing.T) {
 	p := newPlatform(t, "{queue: 2, kvCache: 2, prefix: 3}")
-	var wg sync.WaitGroup
 	errs := make(chan string, 200)
-	stop := make(chan struct{})
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				resp, err := http.Post(p.srv.URL+"/v1/chat/completions", "application/json",
-					bytes.NewReader([]byte(chat("chat-model", fmt.Sprintf("w%d-%d", w, i), i%2 == 0))))
-				if err != nil {
-					errs <- err.Error()
-					continue
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 {
-					errs <- fmt.Sprintf("status %d", resp.StatusCode)
-				}
-			}
-		}()
-	}
+	stop := testkit.Loop(4, func(w, i int) {
+		resp, err := http.Post(p.srv.URL+"/v1/chat/completions", "application/json",
+			bytes.NewReader([]byte(chat("chat-model", fmt.Sprintf("w%d-%d", w, i), i%2 == 0))))
+		if err != nil {
+			errs <- err.Error()
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			errs <- fmt.Sprintf("status %d", resp.StatusCode)
+		}
+	})
 	weights := []string{"{queue: 5}", "{prefix: 4, kvCache: 1}", "{runningRequests: 2, lru: 1}", "{queue: 2, kvCache: 2, prefix: 3}"}
 	for i, w := range weights {
 		if err := p.gw.Apply(snapshot(t, w, p.pods, int64(i+2))); err != nil {
@@ -334,8 +320,7 @@ func TestReloadWithoutLoss(t *testing.T) {
 			t.Fatalf("after reload %d: status %d", i, r.status)
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	close(errs)
 	for e := range errs {
 		t.Errorf("request failed during reloads: %s", e)
