@@ -39,6 +39,21 @@ type Sample struct {
 	Flavor string
 }
 
+// A dialect is one model server's names for the gauges Meridian routes
+// on. The first dialect whose waiting gauge a pod exports is the pod's.
+type dialect struct {
+	flavor           string
+	waiting, running string
+	// kvCache are the names of the KV-cache usage gauge, the current one
+	// first; a later (deprecated) one makes the flavor flavor-legacy.
+	kvCache []string
+}
+
+var dialects = []dialect{
+	{"vllm", "vllm:num_requests_waiting", "vllm:num_requests_running", []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}},
+	{"sglang", "sglang:num_queue_reqs", "sglang:num_running_reqs", []string{"sglang:token_usage"}},
+}
+
 // ErrNoMetrics means the exposition parsed but carried none of the metrics
 // Meridian routes on: the target is probably not a model server.
 var ErrNoMetrics = errors.New("no vLLM or SGLang queue metrics in the exposition")
@@ -54,30 +69,25 @@ func Parse(r io.Reader, now time.Time) (*Sample, error) {
 	m := &s.Metrics
 	m.ScrapedAt = now
 	found := false
-	if v, ok := gauge(fams, "vllm:num_requests_waiting"); ok {
-		m.Waiting, found, s.Flavor = int(v), true, "vllm"
-	}
-	if v, ok := gauge(fams, "vllm:num_requests_running"); ok {
-		m.Running = int(v)
-	}
-	if v, ok := gauge(fams, "vllm:kv_cache_usage_perc"); ok {
-		m.KVCacheUsage = v
-	} else if v, ok := gauge(fams, "vllm:gpu_cache_usage_perc"); ok {
-		m.KVCacheUsage = v
-		if found {
-			s.Flavor = "vllm-legacy"
+	for _, d := range dialects {
+		v, ok := gauge(fams, d.waiting)
+		if !ok {
+			continue
 		}
-	}
-	if !found {
-		if v, ok := gauge(fams, "sglang:num_queue_reqs"); ok {
-			m.Waiting, found, s.Flavor = int(v), true, "sglang"
-			if v, ok := gauge(fams, "sglang:num_running_reqs"); ok {
-				m.Running = int(v)
-			}
-			if v, ok := gauge(fams, "sglang:token_usage"); ok {
+		m.Waiting, found, s.Flavor = int(v), true, d.flavor
+		if v, ok := gauge(fams, d.running); ok {
+			m.Running = int(v)
+		}
+		for i, name := range d.kvCache {
+			if v, ok := gauge(fams, name); ok {
 				m.KVCacheUsage = v
+				if i > 0 {
+					s.Flavor += "-legacy"
+				}
+				break
 			}
 		}
+		break
 	}
 	if !found {
 		return nil, ErrNoMetrics
