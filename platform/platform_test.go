@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -142,12 +141,7 @@ func TestPlatformEndToEnd(t *testing.T) {
 	// digest or an outlier ejection, whichever comes first — and gets it back
 	// once it recovers. (Ejection on its own is covered in regions.)
 	t.Run("failing cluster avoided and readmitted", func(t *testing.T) {
-		var bad []*sim.LivePod
-		for _, lp := range p.Pods {
-			if strings.HasPrefix(lp.Name(), "us-fast") {
-				bad = append(bad, lp)
-			}
-		}
+		bad := podsNamed(p, "us-fast")
 		if len(bad) != 2 {
 			t.Fatalf("found %d us-fast pods", len(bad))
 		}
