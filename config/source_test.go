@@ -151,18 +151,7 @@ func TestEtcd(t *testing.T) {
 	ctx := t.Context()
 	store := &config.Store{Client: e.Client}
 
-	apply := func(t *testing.T, yaml string) int64 {
-		t.Helper()
-		p, err := store.PlanApply(ctx, docsOf(t, yaml), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rev, err := store.Commit(ctx, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rev
-	}
+	apply := e.Apply
 
 	// Seed the whole example platform.
 	docs, _, err := config.ReadDir(examples)

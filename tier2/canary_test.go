@@ -57,17 +57,7 @@ func newCanaryRig(t *testing.T, instances int, writable bool) *canaryRig {
 	t.Helper()
 	e := configtest.StartEtcd(t)
 	rig := &canaryRig{store: &config.Store{Client: e.Client}, now: canaryT0}
-	docs, errs := config.Decode("canary.yaml", []byte(canaryConfig))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	plan, err := rig.store.PlanApply(context.Background(), docs, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rig.store.Commit(context.Background(), plan); err != nil {
-		t.Fatal(err)
-	}
+	e.Apply(t, canaryConfig)
 	snap := rig.load(t)
 	for range instances {
 		fleet := localFleet(t, snap)
