@@ -387,40 +387,39 @@ func Run(ctx context.Context, cfg Config, m *Metrics, t Target) {
 }
 
 func scrapeOnce(ctx context.Context, cfg Config, url string) (*Sample, error) {
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := cfg.Client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("scrape %s: HTTP %d", url, resp.StatusCode)
-	}
-	return Parse(io.LimitReader(resp.Body, 8<<20), cfg.Now())
+	return get(ctx, cfg, "scrape", url, "text/plain;version=0.0.4", func(r io.Reader) (*Sample, error) {
+		return Parse(io.LimitReader(r, 8<<20), cfg.Now())
+	})
 }
 
 func fetchModels(ctx context.Context, cfg Config, url string) (*tier1.Capabilities, error) {
+	return get(ctx, cfg, "read", url, "", func(r io.Reader) (*tier1.Capabilities, error) {
+		return ParseModels(io.LimitReader(r, 4<<20))
+	})
+}
+
+// get sends a GET of url (with an Accept header when accept is not "")
+// bounded by cfg.Timeout and parses a 200 answer's body; another status is
+// an error that says what failed (what: "scrape", "read").
+func get[T any](ctx context.Context, cfg Config, what, url, accept string, parse func(io.Reader) (T, error)) (T, error) {
+	var none T
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return none, err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
 	}
 	resp, err := cfg.Client.Do(req)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("read %s: HTTP %d", url, resp.StatusCode)
+		return none, fmt.Errorf("%s %s: HTTP %d", what, url, resp.StatusCode)
 	}
-	return ParseModels(io.LimitReader(resp.Body, 4<<20))
+	return parse(resp.Body)
 }
