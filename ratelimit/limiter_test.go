@@ -601,20 +601,27 @@ func countSeries(c prometheus.Collector) int {
 	return n
 }
 
+// newWith is a Limiter of cfg holding tenants, failing t when either is
+// refused.
+func newWith(t testing.TB, cfg Config, tenants map[string]*config.Tenant) *Limiter {
+	t.Helper()
+	l, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Update(tenants); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // pair is two Limiters on one fake clock that exchange reports by hand.
 func pair(t *testing.T, c *clock, tenants map[string]*config.Tenant) (a, b *Limiter) {
 	t.Helper()
 	newL := func(name string) *Limiter {
 		cfg := DefaultConfig(name)
 		cfg.Now = c.Now
-		l, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Update(tenants); err != nil {
-			t.Fatal(err)
-		}
-		return l
+		return newWith(t, cfg, tenants)
 	}
 	a, b = newL("a"), newL("b")
 	exchange(a, b)

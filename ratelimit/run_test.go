@@ -127,14 +127,7 @@ func TestReportSplitsIntoParts(t *testing.T) {
 	newLimiter := func(name string, maxPayload int) *Limiter {
 		cfg := DefaultConfig(name)
 		cfg.Now, cfg.MaxPayload = c.Now, maxPayload
-		l, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Update(tenants); err != nil {
-			t.Fatal(err)
-		}
-		return l
+		return newWith(t, cfg, tenants)
 	}
 	a, b, relay := newLimiter("a", 300), newLimiter("b", 0), newLimiter("c", 0)
 	offer := func(n int) {

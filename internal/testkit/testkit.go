@@ -6,6 +6,7 @@
 package testkit
 
 import (
+	"sync"
 	"testing"
 	"time"
 )
@@ -30,6 +31,30 @@ func Eventually(tb testing.TB, what string, cond func() bool) {
 		<-time.After(wait) // a polling interval, not a synchronisation
 		wait = min(2*wait, 20*time.Millisecond)
 	}
+}
+
+// Clock is a fake clock, safe for concurrent use: it reads the time it
+// was made with plus every Advance since.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock is a Clock that reads now.
+func NewClock(now time.Time) *Clock { return &Clock{now: now} }
+
+// Now is the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock on by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
 }
 
 // CPUClock measures the process's CPU time (user + system) from when it
