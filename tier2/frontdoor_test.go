@@ -100,12 +100,7 @@ func TestFrontDoorRejects(t *testing.T) {
 			if resp.StatusCode != tc.status {
 				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, b)
 			}
-			var e struct {
-				Error struct {
-					Message, Type string
-					Code          string
-				}
-			}
+			var e testkit.OpenAIError
 			if err := json.Unmarshal(b, &e); err != nil || e.Error.Code != tc.code || e.Error.Message == "" || e.Error.Type == "" {
 				t.Fatalf("body %s: want OpenAI error with code %q", b, tc.code)
 			}

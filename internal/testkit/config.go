@@ -48,6 +48,18 @@ func StaticEndpoints(eps ...Endpoint) string {
 	return b.String()
 }
 
+// PodEndpoints lists pods (by pool label) as Endpoints, each named after
+// its pool and address (pool-host-port), in no particular order.
+func PodEndpoints[P interface{ Addr() string }](pods map[string][]P) []Endpoint {
+	var eps []Endpoint
+	for pool, ps := range pods {
+		for _, p := range ps {
+			eps = append(eps, Endpoint{Name: pool + "-" + strings.ReplaceAll(p.Addr(), ":", "-"), Address: p.Addr(), Pool: pool})
+		}
+	}
+	return eps
+}
+
 // Cluster is one cluster of a Topology document: its Region, name, Tier-1
 // URL and, when not "", the address of its pool-health feed.
 type Cluster struct{ Region, Name, Tier1, Health string }

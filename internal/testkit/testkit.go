@@ -33,6 +33,15 @@ func Eventually(tb testing.TB, what string, cond func() bool) {
 	}
 }
 
+// OpenAIError is the body of an error answer in OpenAI's shape.
+type OpenAIError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
 // Clock is a fake clock, safe for concurrent use: it reads the time it
 // was made with plus every Advance since.
 type Clock struct {

@@ -101,43 +101,23 @@ func (h *optionsHarness) yaml(obsWeights, options string) string {
 	if options != "" {
 		options = ", " + options
 	}
-	opts := "\n    options: {maxMetricsAge: 1h" + options + "}"
-	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  bbr: {enabled: true}
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}%s
-  - name: obs
+	opts := "    options: {maxMetricsAge: 1h" + options + "}\n"
+	var eps []testkit.Endpoint
+	for i, lp := range h.chat {
+		eps = append(eps, testkit.Endpoint{Name: fmt.Sprintf("chat-%d", i), Address: lp.Addr(), Pool: "chat"})
+	}
+	eps = append(eps, testkit.Endpoint{Name: "obs-a", Address: h.a.Addr(), Pool: "obs"}, testkit.Endpoint{Name: "obs-b", Address: h.b.Addr(), Pool: "obs"},
+		testkit.Endpoint{Name: "lru", Address: h.lru.Addr(), Pool: "lru"})
+	return testkit.ChatGateway + opts + fmt.Sprintf(`  - name: obs
     modelName: obs-model
     modelSelector: {matchLabels: {pool: obs}}
-    weights: %s%s
-  - name: lru
+    weights: %s
+%s  - name: lru
     modelName: lru-model
     modelSelector: {matchLabels: {pool: lru}}
-    weights: {prefix: 1}%s
----
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-`, opts, obsWeights, opts, opts)
-	ep := func(name, pool string, lp *sim.LivePod) {
-		fmt.Fprintf(&b, "  - {name: %s, address: %q, labels: {pool: %s}}\n", name, lp.Addr(), pool)
-	}
-	for i, lp := range h.chat {
-		ep(fmt.Sprintf("chat-%d", i), "chat", lp)
-	}
-	ep("obs-a", "obs", h.a)
-	ep("obs-b", "obs", h.b)
-	ep("lru", "lru", h.lru)
-	return b.String()
+    weights: {prefix: 1}
+%s  bbr: {enabled: true}
+`, obsWeights, opts, opts) + testkit.StaticEndpoints(eps...)
 }
 
 func (h *optionsHarness) start(t *testing.T, first *config.Snapshot, updates <-chan *config.Snapshot) {

@@ -42,21 +42,12 @@ func startPods(t *testing.T, profile, model string, adapters []string, k int) []
 	}, k)
 }
 
-const gatewayYAML = `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  bbr: {enabled: true}
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
-    weights: %s
+const gatewayYAML = testkit.ChatGateway + `    weights: %s
   - name: lora
     modelName: base-8b
     modelSelector: {matchLabels: {pool: lora}}
     loraAdapters: [adapter-a, adapter-b]
+  bbr: {enabled: true}
 ---
 apiVersion: v1
 kind: ConfigMap
@@ -79,13 +70,7 @@ func snapshot(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev 
 // "---").
 func snapshotWith(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev int64, extra string) *config.Snapshot {
 	t.Helper()
-	var eps []testkit.Endpoint
-	for pool, lps := range pods {
-		for _, lp := range lps {
-			eps = append(eps, testkit.Endpoint{Name: pool + "-" + strings.ReplaceAll(lp.Addr(), ":", "-"), Address: lp.Addr(), Pool: pool})
-		}
-	}
-	return testkit.Snapshot(t, rev, fmt.Sprintf(gatewayYAML, weights)+testkit.StaticEndpoints(eps...)+extra)
+	return testkit.Snapshot(t, rev, fmt.Sprintf(gatewayYAML, weights)+testkit.StaticEndpoints(testkit.PodEndpoints(pods)...)+extra)
 }
 
 func newPlatform(t *testing.T, weights string) *platform {
