@@ -42,30 +42,12 @@ func canaryPlatform(t *testing.T) (*platform.Platform, *configtest.Etcd) {
 		port[n] = platformtest.FreePort(t)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: meridian.dev/v1alpha1
-kind: Topology
-metadata: {name: t}
-spec:
-  routing: {admission: {criticalReserve: 0.1}}
-  regions:
-  - name: us-east-1
-    tier2: [%q]
-    clusters: [{name: use1, tier1: "http://%s", health: %q}]
-  - name: eu-west-1
-    tier2: [%q]
-    clusters: [{name: euw1, tier1: "http://%s", health: %q}]
-`, port["t2-us"], port["t1-us"], port["h-us"], port["t2-eu"], port["t1-eu"], port["h-eu"])
+	b.WriteString(platformtest.Topology(func(n string) string { return port[n] }) + "  routing: {admission: {criticalReserve: 0.1}}\n")
 	for _, c := range []struct{ name, region, model, pool, pod string }{
 		{"use1", "us-east-1", "chat-v1", "chat", "us-chat-0"}, {"euw1", "eu-west-1", "chat-v2", "chat-next", "eu-next-0"},
 	} {
-		fmt.Fprintf(&b, `---
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: %[1]s}
-spec:
-  region: %[2]s
-  cluster: %[1]s
-`+testkit.JWTAuth+`  schedulers:
+		b.WriteString(testkit.Gateway(c.region, c.name))
+		fmt.Fprintf(&b, testkit.JWTAuth+`  schedulers:
   # One pod per pool: a small Critical reserve keeps the test's load on
   # the pod instead of queued in the Gate (the default reserve is 0.65).
   - {name: %[4]s, modelName: %[3]s, modelSelector: {matchLabels: {pool: %[4]s}}, admission: {criticalReserve: 0.1}}
@@ -85,7 +67,7 @@ spec:
   stickiness: {key: header, header: x-session-id, salt: chat-rollout}
 `)
 	for _, tenant := range []string{"team-a", "team-b", "team-c", "team-d", "team-e"} {
-		fmt.Fprintf(&b, "---\napiVersion: meridian.dev/v1alpha1\nkind: Tenant\nmetadata: {name: %s}\nspec: {}\n", tenant)
+		b.WriteString(testkit.Tenant(tenant) + "spec: {}\n")
 	}
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "platform.yaml"), []byte(b.String()), 0o644); err != nil {
