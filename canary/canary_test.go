@@ -15,7 +15,9 @@ import (
 	"github.com/meridian-router/meridian/rewrite"
 )
 
-const platform = `apiVersion: meridian.dev/v1alpha1
+// versionsGateway is the gateway gw that serves chat-v1 (pool a) and
+// chat-v2 (pool b); more schedulers may follow, then other documents.
+const versionsGateway = `apiVersion: meridian.dev/v1alpha1
 kind: InferenceGatewayConfig
 metadata: {name: gw}
 spec:
@@ -23,7 +25,9 @@ spec:
   schedulers:
   - {name: a, modelName: chat-v1, modelSelector: {matchLabels: {pool: a}}}
   - {name: b, modelName: chat-v2, modelSelector: {matchLabels: {pool: b}}}
-  - {name: c, modelName: other, modelSelector: {matchLabels: {pool: c}}}
+`
+
+const platform = versionsGateway + `  - {name: c, modelName: other, modelSelector: {matchLabels: {pool: c}}}
 ---
 # the public name
 ` + testkit.ChatRewrite + `    targets:
