@@ -84,3 +84,20 @@ func TestSnapshotOfTopologyGatewaysAndTenant(t *testing.T) {
 		t.Fatalf("tenants %+v, want team-a (one model) and team-b", s.Tenants)
 	}
 }
+
+func TestValueAndSeries(t *testing.T) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total", Help: "h"}, []string{"a"})
+	c.WithLabelValues("x").Add(2)
+	c.WithLabelValues("y").Add(3)
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g", Help: "h"})
+	g.Set(4)
+	if got := Value(t, c.WithLabelValues("y")); got != 3 {
+		t.Errorf("counter value %v, want 3", got)
+	}
+	if got := Value(t, g); got != 4 {
+		t.Errorf("gauge value %v, want 4", got)
+	}
+	if got := Series(c); got != 2 {
+		t.Errorf("%d series, want 2", got)
+	}
+}
