@@ -18,6 +18,7 @@ import (
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/sim/simtest"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/proxy"
@@ -61,22 +62,10 @@ type optionsHarness struct {
 
 func newOptionsHarness(t *testing.T) *optionsHarness {
 	t.Helper()
-	prof, err := sim.LookupProfile("h100")
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := simtest.Profile(t, "h100")
 	start := func(name, model string, p sim.Profile, scale float64, names sim.MetricNames, k int) []*sim.LivePod {
-		pods, err := sim.StartPods(t.Context(), sim.PodSpec{Pod: sim.PodConfig{Name: name, Profile: p, Model: model},
+		return simtest.StartPods(t, sim.PodSpec{Pod: sim.PodConfig{Name: name, Profile: p, Model: model},
 			TimeScale: scale, DefaultMaxTokens: 4, Metrics: names}, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			for _, lp := range pods {
-				lp.Close()
-			}
-		})
-		return pods
 	}
 	one := prof
 	one.MaxNumSeqs = 1
