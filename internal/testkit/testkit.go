@@ -1,8 +1,11 @@
 // Package testkit is what the tests and benchmarks of many packages share:
-// waiting for a condition with a bound (Eventually), measuring CPU time
-// (CPUTime, StartCPU), building a configuration from YAML (Snapshot,
-// StaticEndpoints) and reading a metric from a registry (Metric). It is
-// imported only by test files (docs/architecture.md, rule 2).
+// waiting for a condition with a bound (Eventually), goroutines that loop
+// until stopped (Loop, UnderTraffic), a fake clock (Clock), measuring CPU
+// time (CPUTime, StartCPU), building a configuration from YAML (Snapshot;
+// Topology, Gateway, ChatScheduler, Tenant and StaticEndpoints write its
+// documents), reading metrics (Metric, Value, Series) and OpenAI's error
+// body (OpenAIError). It is imported only by test files
+// (docs/architecture.md, rule 2).
 package testkit
 
 import (
