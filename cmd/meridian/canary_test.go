@@ -129,6 +129,19 @@ func served(p *platform.Platform, region, session string) (string, error) {
 	return resp.Header.Get("x-meridian-cluster"), nil
 }
 
+// allServedBy reports whether the sessions prefix+"0" to prefix+"19", sent to
+// region's Tier-2, are each served by cluster.
+func allServedBy(p *platform.Platform, region, prefix, cluster string) func() bool {
+	return func() bool {
+		for i := range 20 {
+			if c, err := served(p, region, fmt.Sprint(prefix, i)); err != nil || c != cluster {
+				return false
+			}
+		}
+		return true
+	}
+}
+
 func rolloutOf(t *testing.T, e *configtest.Etcd) *config.Rollout {
 	t.Helper()
 	resp, err := e.Client.Get(context.Background(), config.KeyOf(config.DefaultPrefix, config.ObjectKey{Kind: config.KindModelRewrite, Name: "chat"}))
@@ -234,14 +247,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 			t.Fatalf("%d of %d sessions on the canary at 50%%", onCanary, sessions)
 		}
 		mustCanary(t, e, "undo", "chat")
-		testkit.Eventually(t, "undo sends everything back to stable", func() bool {
-			for i := range 20 {
-				if c, err := served(p, "eu-west-1", fmt.Sprint("session-", i)); err != nil || c != "use1" {
-					return false
-				}
-			}
-			return true
-		})
+		testkit.Eventually(t, "undo sends everything back to stable", allServedBy(p, "eu-west-1", "session-", "use1"))
 	})
 
 	t.Run("promote step by step, in full, then undo", func(t *testing.T) {
@@ -250,26 +256,12 @@ func TestCanaryEndToEnd(t *testing.T) {
 			t.Fatalf("after promote:\n%s", out)
 		}
 		mustCanary(t, e, "promote", "chat", "--full")
-		testkit.Eventually(t, "every session on the canary", func() bool {
-			for i := range 20 {
-				if c, err := served(p, "us-east-1", fmt.Sprint("s-", i)); err != nil || c != "euw1" {
-					return false
-				}
-			}
-			return true
-		})
+		testkit.Eventually(t, "every session on the canary", allServedBy(p, "us-east-1", "s-", "euw1"))
 		if out := mustCanary(t, e, "list"); !strings.Contains(out, "Healthy") {
 			t.Fatalf("list after full promotion:\n%s", out)
 		}
 		mustCanary(t, e, "undo", "chat")
-		testkit.Eventually(t, "undo returns every session to stable", func() bool {
-			for i := range 20 {
-				if c, err := served(p, "us-east-1", fmt.Sprint("s-", i)); err != nil || c != "use1" {
-					return false
-				}
-			}
-			return true
-		})
+		testkit.Eventually(t, "undo returns every session to stable", allServedBy(p, "us-east-1", "s-", "use1"))
 	})
 
 	t.Run("weight changes under load fail no request", func(t *testing.T) {
@@ -426,14 +418,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 		if writes != 2 { // the operator's start, then one abort
 			t.Fatalf("%d writes to the rewrite since start, want 2 (start, one abort)", writes)
 		}
-		testkit.Eventually(t, "traffic back on stable", func() bool {
-			for i := range 20 {
-				if c, err := served(p, "eu-west-1", fmt.Sprint("load-", i)); err != nil || c != "use1" {
-					return false
-				}
-			}
-			return true
-		})
+		testkit.Eventually(t, "traffic back on stable", allServedBy(p, "eu-west-1", "load-", "use1"))
 		// The transition is visible as a metric on every Tier-2 and in
 		// `status --tier2`.
 		for _, m := range p.Metrics {
