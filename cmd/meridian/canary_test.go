@@ -265,12 +265,6 @@ func TestCanaryEndToEnd(t *testing.T) {
 	})
 
 	t.Run("weight changes under load fail no request", func(t *testing.T) {
-		ctx, stop := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		// The load stops however the subtest ends: left running after a
-		// failure, it was counted in the later subtests' cohorts.
-		defer wg.Wait()
-		defer stop()
 		defer func() {
 			if t.Failed() {
 				t.Logf("rollout at the failure: %+v", rolloutOf(t, e))
@@ -279,20 +273,17 @@ func TestCanaryEndToEnd(t *testing.T) {
 		var ok, failed atomic.Int64
 		var firstErr atomic.Value
 		var seq atomic.Int64
-		for _, region := range p.Regions {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					if _, err := served(p, region, fmt.Sprint("live-", seq.Add(1)%50)); err != nil {
-						failed.Add(1)
-						firstErr.CompareAndSwap(nil, err.Error())
-					} else {
-						ok.Add(1)
-					}
-				}
-			}()
-		}
+		stop := testkit.Loop(len(p.Regions), func(r, _ int) {
+			if _, err := served(p, p.Regions[r], fmt.Sprint("live-", seq.Add(1)%50)); err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err.Error())
+			} else {
+				ok.Add(1)
+			}
+		})
+		// The load stops however the subtest ends: left running after a
+		// failure, it was counted in the later subtests' cohorts.
+		defer stop()
 		// Each change must be in force at both Tier-2s before the next.
 		// onCanary: both Tier-2s send between lo and hi of the 50 sessions
 		// to the canary.
@@ -323,7 +314,6 @@ func TestCanaryEndToEnd(t *testing.T) {
 		mustCanary(t, e, "undo", "chat")
 		testkit.Eventually(t, "undo in force", onCanary(0, 0))
 		stop()
-		wg.Wait()
 		if failed.Load() > 0 || ok.Load() == 0 {
 			t.Fatalf("%d requests failed across the changes (%d succeeded); first: %v", failed.Load(), ok.Load(), firstErr.Load())
 		}
@@ -374,26 +364,14 @@ func TestCanaryEndToEnd(t *testing.T) {
 		from := revision(t, e)
 		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--steps", "50,100", "--interval", "2s", "--min-requests", "5")
 		// Traffic from both Regions until the rollout is Degraded.
-		ctx, stop := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		defer wg.Wait()
-		defer stop()
 		var n atomic.Int64
-		for _, region := range p.Regions {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					served(p, region, fmt.Sprint("load-", n.Add(1)%40))
-				}
-			}()
-		}
+		stop := testkit.Loop(len(p.Regions), func(r, _ int) { served(p, p.Regions[r], fmt.Sprint("load-", n.Add(1)%40)) })
+		defer stop()
 		testkit.Eventually(t, "the analysis degrades the rollout", func() bool {
 			ro := rolloutOf(t, e)
 			return ro != nil && ro.Status == rewrite.StatusDegraded
 		})
 		stop()
-		wg.Wait()
 		ro := rolloutOf(t, e)
 		if ro.Step != 0 || !strings.Contains(ro.Reason, "error rate") {
 			t.Fatalf("degraded rollout %+v: want step 1 still, with the error rate as the reason", ro)
