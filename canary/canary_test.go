@@ -15,7 +15,9 @@ import (
 	"github.com/meridian-router/meridian/rewrite"
 )
 
-const platform = `apiVersion: meridian.dev/v1alpha1
+// versionsGateway is the gateway gw that serves chat-v1 (pool a) and
+// chat-v2 (pool b); more schedulers may follow, then other documents.
+const versionsGateway = `apiVersion: meridian.dev/v1alpha1
 kind: InferenceGatewayConfig
 metadata: {name: gw}
 spec:
@@ -23,7 +25,9 @@ spec:
   schedulers:
   - {name: a, modelName: chat-v1, modelSelector: {matchLabels: {pool: a}}}
   - {name: b, modelName: chat-v2, modelSelector: {matchLabels: {pool: b}}}
-  - {name: c, modelName: other, modelSelector: {matchLabels: {pool: c}}}
+`
+
+const platform = versionsGateway + `  - {name: c, modelName: other, modelSelector: {matchLabels: {pool: c}}}
 ---
 # the public name
 ` + testkit.ChatRewrite + `    targets:
@@ -38,17 +42,7 @@ func backends(t *testing.T, f func(t *testing.T, r *Rollouts, raw func() string)
 	t.Run("etcd", func(t *testing.T) {
 		e := configtest.StartEtcd(t)
 		store := &config.Store{Client: e.Client}
-		docs, errs := config.Decode("platform.yaml", []byte(platform))
-		if len(errs) > 0 {
-			t.Fatal(errs)
-		}
-		plan, err := store.PlanApply(context.Background(), docs, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := store.Commit(context.Background(), plan); err != nil {
-			t.Fatal(err)
-		}
+		e.Apply(t, platform)
 		raw := func() string {
 			resp, err := e.Client.Get(context.Background(), config.KeyOf(config.DefaultPrefix, config.ObjectKey{Kind: config.KindModelRewrite, Name: "chat"}))
 			if err != nil || len(resp.Kvs) != 1 {
@@ -226,14 +220,7 @@ func TestInvalidCommandsChangeNothing(t *testing.T) {
 func TestRacingOperatorsConflict(t *testing.T) {
 	e := configtest.StartEtcd(t)
 	store := &config.Store{Client: e.Client}
-	docs, _ := config.Decode("platform.yaml", []byte(platform))
-	plan, err := store.PlanApply(context.Background(), docs, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Commit(context.Background(), plan); err != nil {
-		t.Fatal(err)
-	}
+	e.Apply(t, platform)
 	ctx := context.Background()
 	slow := NewEtcd(store)
 	a := &Rollouts{Backend: slow}

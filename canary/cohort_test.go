@@ -14,15 +14,7 @@ import (
 	"github.com/meridian-router/meridian/rewrite"
 )
 
-const onePool = `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: gw}
-spec:
-  bbr: {enabled: true}
-  schedulers:
-  - {name: a, modelName: chat-v1, modelSelector: {matchLabels: {pool: a}}}
-  - {name: b, modelName: chat-v2, modelSelector: {matchLabels: {pool: b}}}
----
+const onePool = versionsGateway + `---
 ` + testkit.ChatRewrite + `    targets: [{modelRewrite: chat-v1, weight: 1}]
   %s
 `

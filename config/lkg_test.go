@@ -70,18 +70,11 @@ type lkgRig struct {
 func newLKGRig(t *testing.T) *lkgRig {
 	t.Helper()
 	e := configtest.StartEtcd(t)
-	store := &config.Store{Client: e.Client}
 	docs, _, err := config.ReadDir(examples)
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := store.PlanApply(t.Context(), docs, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Commit(t.Context(), plan); err != nil {
-		t.Fatal(err)
-	}
+	e.Commit(t, docs)
 	r := &lkgRig{e: e, cache: filepath.Join(t.TempDir(), "lkg.json"), refused: make(chan error, 16), reach: make(chan bool, 16), logs: &records{}}
 	r.src = r.source()
 	if err := r.src.Start(t.Context()); err != nil {

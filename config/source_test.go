@@ -39,6 +39,20 @@ func itoa(n int) string {
 	return string(b)
 }
 
+// runDir starts src and runs it until stop is called or the test ends,
+// returning its updates.
+func runDir(t *testing.T, src *config.DirSource) (updates <-chan *config.Snapshot, stop func()) {
+	t.Helper()
+	if err := src.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	updates = src.Subscribe()
+	go src.Run(ctx)
+	return updates, cancel
+}
+
 func TestDirSourceReload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		dir := t.TempDir()
@@ -46,13 +60,7 @@ func TestDirSourceReload(t *testing.T) {
 		write(t, path, tenant("a", 10))
 		var outcomes []error
 		src := &config.DirSource{Dir: dir, Logger: quiet, Interval: time.Second, OnReload: func(_ int64, err error) { outcomes = append(outcomes, err) }}
-		if err := src.Start(); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		updates := src.Subscribe()
-		go src.Run(ctx)
+		updates, stop := runDir(t, src)
 
 		// A valid change is picked up on the next tick.
 		write(t, path, tenant("a", 20))
@@ -94,7 +102,7 @@ func TestDirSourceReload(t *testing.T) {
 		if s := <-updates; s.Tenant("a").Spec.Limits.Requests.Limit != 30 {
 			t.Fatal("fixed configuration not applied")
 		}
-		cancel()
+		stop()
 		synctest.Wait()
 		if _, open := <-updates; open {
 			t.Fatal("subscription not closed on stop")
@@ -151,18 +159,7 @@ func TestEtcd(t *testing.T) {
 	ctx := t.Context()
 	store := &config.Store{Client: e.Client}
 
-	apply := func(t *testing.T, yaml string) int64 {
-		t.Helper()
-		p, err := store.PlanApply(ctx, docsOf(t, yaml), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rev, err := store.Commit(ctx, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rev
-	}
+	apply := e.Apply
 
 	// Seed the whole example platform.
 	docs, _, err := config.ReadDir(examples)
@@ -320,13 +317,7 @@ func TestDirSourceEmptyFileKeepsRunning(t *testing.T) {
 		path := filepath.Join(dir, "tenants.yaml")
 		write(t, path, tenant("a", 10))
 		src := &config.DirSource{Dir: dir, Logger: quiet, Interval: time.Second}
-		if err := src.Start(); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		updates := src.Subscribe()
-		go src.Run(ctx)
+		updates, stop := runDir(t, src)
 		truncated := tenant("a", 10)
 		truncated = truncated[:strings.Index(truncated, " per:")] // cut mid-write: an unterminated flow mapping
 		for _, content := range []string{"", "  \n# nothing yet\n", truncated} {
@@ -345,7 +336,7 @@ func TestDirSourceEmptyFileKeepsRunning(t *testing.T) {
 				t.Fatalf("LastError = %v, want the file named (as empty when it is)", err)
 			}
 		}
-		cancel()
+		stop()
 		synctest.Wait()
 	})
 }

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/platform"
 	"github.com/meridian-router/meridian/regions"
@@ -35,33 +34,8 @@ type drainDoor struct {
 
 func startDrainDoor(t *testing.T, pod string, drainAfter time.Duration) *drainDoor {
 	t.Helper()
-	docs, errs := config.Decode("drain.yaml", []byte(fmt.Sprintf(`apiVersion: meridian.dev/v1alpha1
-kind: Topology
-metadata: {name: t}
-spec:
-  regions:
-  - name: r1
-    clusters: [{name: c1, tier1: %q}]
----
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  region: r1
-  cluster: c1
-  bbr: {enabled: true}
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
-`, pod)))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	snap, err := config.Build(docs, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := testkit.SnapshotFile(t, "drain.yaml", 1, testkit.Topology(testkit.Cluster{Region: "r1", Name: "c1", Tier1: pod})+
+		testkit.Gateway("r1", "c1")+"  bbr: {enabled: true}\n"+testkit.ChatScheduler)
 	fleet, err := regions.NewFleet(regions.Config{LocalRegion: "r1", Clusters: regions.ClustersFromTopology(snap.Topology),
 		DigestMaxAge: time.Hour}) // one digest for the whole test
 	if err != nil {

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -143,12 +141,7 @@ func TestPlatformEndToEnd(t *testing.T) {
 	// digest or an outlier ejection, whichever comes first — and gets it back
 	// once it recovers. (Ejection on its own is covered in regions.)
 	t.Run("failing cluster avoided and readmitted", func(t *testing.T) {
-		var bad []*sim.LivePod
-		for _, lp := range p.Pods {
-			if strings.HasPrefix(lp.Name(), "us-fast") {
-				bad = append(bad, lp)
-			}
-		}
+		bad := podsNamed(p, "us-fast")
 		if len(bad) != 2 {
 			t.Fatalf("found %d us-fast pods", len(bad))
 		}
@@ -179,35 +172,21 @@ func TestPlatformEndToEnd(t *testing.T) {
 		// that had not started streaming must not fail.
 		var failed, ok atomic.Int64
 		var firstErr atomic.Value
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if _, err := us.Chat.Completions.New(ctx, platformtest.Ask("fast")); err != nil {
-						failed.Add(1)
-						firstErr.CompareAndSwap(nil, err.Error())
-					} else {
-						ok.Add(1)
-					}
-				}
-			}()
-		}
+		stop := testkit.Loop(4, func(_, _ int) {
+			if _, err := us.Chat.Completions.New(ctx, platformtest.Ask("fast")); err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err.Error())
+			} else {
+				ok.Add(1)
+			}
+		})
 		testkit.Eventually(t, "some traffic before the failure", func() bool { return ok.Load() > 20 })
 		if !p.Stop("tier1/use1") {
 			t.Fatal("no component tier1/use1")
 		}
 		before := ok.Load()
 		testkit.Eventually(t, "traffic served from eu-west-1", func() bool { return ok.Load() > before+40 })
-		close(stop)
-		wg.Wait()
+		stop()
 		if n := failed.Load(); n > 0 {
 			t.Fatalf("%d requests failed during the failover (first: %v)", n, firstErr.Load())
 		}

@@ -95,6 +95,52 @@ func podsNamed(p *platform.Platform, prefix string) []*sim.LivePod {
 	return out
 }
 
+// faultPods sets f on the pods of p whose names start with prefix, until
+// the test ends.
+func faultPods(t *testing.T, p *platform.Platform, prefix string, f sim.Faults) {
+	pods := podsNamed(p, prefix)
+	for _, lp := range pods {
+		lp.SetFaults(f)
+	}
+	t.Cleanup(func() {
+		for _, lp := range pods {
+			lp.SetFaults(sim.Faults{})
+		}
+	})
+}
+
+// streamsAtOnce sends n streaming requests at once and returns how each
+// ended.
+func streamsAtOnce(ctx context.Context, n int, endpoint, token, model string, maxTokens int) []streamOutcome {
+	var mu sync.Mutex
+	var outcomes []streamOutcome
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			o := streamChat(ctx, endpoint, token, model, maxTokens)
+			mu.Lock()
+			outcomes = append(outcomes, o)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return outcomes
+}
+
+// wantNoneLost fails t for each stream cut silently or lost before its
+// first byte.
+func wantNoneLost(t *testing.T, outcomes []streamOutcome) {
+	t.Helper()
+	for i, o := range outcomes {
+		if o.cutSilently() {
+			t.Errorf("stream %d cut silently: %+v", i, o)
+		}
+		if o.lostBeforeFirstByte() {
+			t.Errorf("stream %d lost before its first byte: %+v", i, o)
+		}
+	}
+}
+
 func TestReliability(t *testing.T) {
 	// Tier-2's upstream timeouts shortened from 60 s and 10 min so the
 	// hung-pod row runs in seconds; the other rows do not reach them.
@@ -110,39 +156,12 @@ func TestReliability(t *testing.T) {
 	// error event (never silently); requests that had not started are
 	// served elsewhere.
 	t.Run("pod crashes mid-stream", func(t *testing.T) {
-		bad := podsNamed(p, "us-fast")
-		for _, lp := range bad {
-			lp.SetFaults(sim.Faults{CrashAfterTokens: 2})
-		}
-		defer func() {
-			for _, lp := range bad {
-				lp.SetFaults(sim.Faults{})
-			}
-		}()
+		faultPods(t, p, "us-fast", sim.Faults{CrashAfterTokens: 2})
 		first := streamChat(ctx, us, p.Token, "fast", 16)
 		if first.errEvent == "" || first.chunks == 0 {
 			t.Fatalf("first stream into a crashing cluster: %+v, want some chunks then an error event", first)
 		}
-		var mu sync.Mutex
-		var outcomes []streamOutcome
-		var wg sync.WaitGroup
-		for range 12 {
-			wg.Go(func() {
-				o := streamChat(ctx, us, p.Token, "fast", 16)
-				mu.Lock()
-				outcomes = append(outcomes, o)
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
-		for i, o := range outcomes {
-			if o.cutSilently() {
-				t.Errorf("stream %d cut silently: %+v", i, o)
-			}
-			if o.lostBeforeFirstByte() {
-				t.Errorf("stream %d lost before its first byte: %+v", i, o)
-			}
-		}
+		wantNoneLost(t, streamsAtOnce(ctx, 12, us, p.Token, "fast", 16))
 		// Non-streaming requests fail at the pod before any byte reaches
 		// the caller, so each is retried on a healthy cluster.
 		c := platformtest.Client(p, "us-east-1", p.Token)
@@ -160,15 +179,7 @@ func TestReliability(t *testing.T) {
 	// Row "pod slow": a pod 8× slower than its profile keeps answering;
 	// nothing fails.
 	t.Run("pod slow", func(t *testing.T) {
-		slow := podsNamed(p, "us-fast-0")
-		for _, lp := range slow {
-			lp.SetFaults(sim.Faults{SlowFactor: 8})
-		}
-		defer func() {
-			for _, lp := range slow {
-				lp.SetFaults(sim.Faults{})
-			}
-		}()
+		faultPods(t, p, "us-fast-0", sim.Faults{SlowFactor: 8})
 		var wg sync.WaitGroup
 		errs := make(chan string, 24)
 		for range 24 {
@@ -192,36 +203,12 @@ func TestReliability(t *testing.T) {
 	// started ends with an error event after the idle timeout. Nothing is
 	// lost and nothing is cut silently.
 	t.Run("pod hangs", func(t *testing.T) {
-		hung := podsNamed(p, "us-fast")
-		for _, lp := range hung {
-			lp.SetFaults(sim.Faults{Hang: true})
-		}
-		defer func() {
-			for _, lp := range hung {
-				lp.SetFaults(sim.Faults{})
-			}
-		}()
-		var mu sync.Mutex
-		var outcomes []streamOutcome
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Go(func() {
-				o := streamChat(ctx, us, p.Token, "fast", 8)
-				mu.Lock()
-				outcomes = append(outcomes, o)
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
+		faultPods(t, p, "us-fast", sim.Faults{Hang: true})
+		outcomes := streamsAtOnce(ctx, 4, us, p.Token, "fast", 8)
 		for i, o := range outcomes {
 			t.Logf("stream %d into hung pods: %+v", i, o)
-			if o.cutSilently() {
-				t.Errorf("stream %d cut silently: %+v", i, o)
-			}
-			if o.lostBeforeFirstByte() {
-				t.Errorf("stream %d lost before its first byte: %+v", i, o)
-			}
 		}
+		wantNoneLost(t, outcomes)
 		c := platformtest.Client(p, "us-east-1", p.Token)
 		for i := range 4 {
 			var resp *http.Response

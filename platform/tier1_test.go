@@ -22,26 +22,18 @@ import (
 	"github.com/meridian-router/meridian/platform"
 	"github.com/meridian-router/meridian/platform/platformtest"
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/sim/simtest"
 )
 
 // tier1Config writes a one-scheduler configuration over k live pods.
 func tier1Config(t *testing.T, k int) (dir string, pods []*sim.LivePod) {
 	t.Helper()
-	prof, err := sim.LookupProfile("h100")
-	if err != nil {
-		t.Fatal(err)
+	pods = simtest.StartPods(t, sim.PodSpec{Pod: sim.PodConfig{Name: "p", Profile: simtest.Profile(t, "h100"), Model: "m"}, TimeScale: 50, DefaultMaxTokens: 4}, k)
+	var eps []testkit.Endpoint
+	for i, p := range pods {
+		eps = append(eps, testkit.Endpoint{Name: fmt.Sprintf("p%d", i), Address: p.Addr(), Pool: "m"})
 	}
-	pods, err = sim.StartPods(t.Context(), sim.PodSpec{Pod: sim.PodConfig{Name: "p", Profile: prof, Model: "m"}, TimeScale: 50, DefaultMaxTokens: 4}, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, p := range pods {
-			p.Close()
-		}
-	})
-	var b strings.Builder
-	b.WriteString(`apiVersion: meridian.dev/v1alpha1
+	yaml := `apiVersion: meridian.dev/v1alpha1
 kind: InferenceGatewayConfig
 metadata: {name: c}
 spec:
@@ -50,18 +42,9 @@ spec:
     modelName: m
     modelSelector: {matchLabels: {pool: m}}
     weights: {prefix: 5, queue: 1}
----
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-`)
-	for i, p := range pods {
-		fmt.Fprintf(&b, "  - {name: p%d, address: %q, labels: {pool: m}}\n", i, p.Addr())
-	}
+` + testkit.StaticEndpoints(eps...)
 	dir = t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "c.yaml"), []byte(b.String()), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "c.yaml"), []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return dir, pods

@@ -26,14 +26,7 @@ func TestTier2EtcdRelativeJWKSFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := &config.Store{Client: e.Client}
-	plan, err := store.PlanApply(t.Context(), docs, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Commit(t.Context(), plan); err != nil {
-		t.Fatal(err)
-	}
+	e.Commit(t, docs)
 	flags := func(root string) platform.Tier2Config {
 		return platform.Tier2Config{Source: platform.Source{Etcd: []string{e.Endpoint()}, Prefix: config.DefaultPrefix,
 			Cache: filepath.Join(t.TempDir(), "lkg.json"), Root: root}, Region: "us-east-1", Name: "t2", Listen: "127.0.0.1:0"}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 func TestParseBand(t *testing.T) {
@@ -98,7 +99,7 @@ func TestTenantsDowngrade(t *testing.T) {
 		{[]string{UnknownTenant, "Critical", "Standard"}, 1},
 		{[]string{"payments", "Critical", "Critical"}, 0},
 	} {
-		if got := value(t, m.downgrades.WithLabelValues(c.labels...)); got != c.want {
+		if got := testkit.Value(t, m.downgrades.WithLabelValues(c.labels...)); got != c.want {
 			t.Errorf("downgrades%v = %v; want %v", c.labels, got, c.want)
 		}
 	}

@@ -18,8 +18,7 @@ func benchGate(b testing.TB) *Gate {
 func BenchmarkAdmit(b *testing.B) {
 	ctx := context.Background()
 	req := Request{Tenant: "team-a", Band: Standard, Bytes: 4096}
-	b.Run("gate", func(b *testing.B) {
-		g := benchGate(b)
+	admit := func(b *testing.B, g Admitter) {
 		g.Observe(Saturation{Value: 0.2, PerRequest: 1e-9, Fresh: 8})
 		b.ReportAllocs()
 		for b.Loop() {
@@ -29,19 +28,11 @@ func BenchmarkAdmit(b *testing.B) {
 			}
 			tk.Done()
 		}
-	})
+	}
+	b.Run("gate", func(b *testing.B) { admit(b, benchGate(b)) })
 	b.Run("gie", func(b *testing.B) {
 		m, _ := newMetrics(b)
-		g := &GIEGate{Pool: "llama", Metrics: m}
-		g.Observe(Saturation{Value: 0.2, PerRequest: 1e-9, Fresh: 8})
-		b.ReportAllocs()
-		for b.Loop() {
-			tk, err := g.Admit(ctx, req)
-			if err != nil {
-				b.Fatal(err)
-			}
-			tk.Done()
-		}
+		admit(b, &GIEGate{Pool: "llama", Metrics: m})
 	})
 }
 

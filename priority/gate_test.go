@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // slots is a saturation with room for exactly n requests when nothing is in
@@ -344,7 +345,7 @@ func TestContextCancelRemovesWaiter(t *testing.T) {
 		if g.Len() != 0 {
 			t.Fatalf("cancelled waiter still queued")
 		}
-		if v := value(t, m.queued.WithLabelValues("p", "Standard", "a")); v != 0 {
+		if v := testkit.Value(t, m.queued.WithLabelValues("p", "Standard", "a")); v != 0 {
 			t.Fatalf("queued gauge %v after cancel; want 0", v)
 		}
 		// The freed room is really free: the byte count went back too.
@@ -366,7 +367,7 @@ func TestSpill(t *testing.T) {
 	if !errors.Is(err, ErrSpill) || errors.Is(err, ErrShed) {
 		t.Fatalf("err = %v; want ErrSpill", err)
 	}
-	if v := value(t, m.spilled.WithLabelValues("p", "Critical")); v != 1 {
+	if v := testkit.Value(t, m.spilled.WithLabelValues("p", "Critical")); v != 1 {
 		t.Fatalf("spilled_total = %v; want 1", v)
 	}
 	// Without a Region to spill to, the same request waits here.
@@ -597,18 +598,18 @@ func TestMetrics(t *testing.T) {
 		got  float64
 		want float64
 	}{
-		{"queued team-a", value(t, m.queued.WithLabelValues("llama", "Standard", "team-a")), 1},
-		{"queued other", value(t, m.queued.WithLabelValues("llama", "Standard", UnknownTenant)), 1},
-		{"shed", value(t, m.shed.WithLabelValues("llama", "Sheddable", "saturated")), 1},
-		{"downgrades", value(t, m.downgrades.WithLabelValues("team-a", "Critical", "Standard")), 1},
-		{"saturation", value(t, m.saturation.WithLabelValues("llama")), 1},
+		{"queued team-a", testkit.Value(t, m.queued.WithLabelValues("llama", "Standard", "team-a")), 1},
+		{"queued other", testkit.Value(t, m.queued.WithLabelValues("llama", "Standard", UnknownTenant)), 1},
+		{"shed", testkit.Value(t, m.shed.WithLabelValues("llama", "Sheddable", "saturated")), 1},
+		{"downgrades", testkit.Value(t, m.downgrades.WithLabelValues("team-a", "Critical", "Standard")), 1},
+		{"saturation", testkit.Value(t, m.saturation.WithLabelValues("llama")), 1},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v; want %v", c.name, c.got, c.want)
 		}
 	}
 	g.Observe(slots(10))
-	if n := series(m.wait); n != 2 {
+	if n := testkit.Series(m.wait); n != 2 {
 		t.Errorf("wait histogram has %d series; want 2 (team-a and other)", n)
 	}
 	if _, err := NewMetrics(reg); err == nil {

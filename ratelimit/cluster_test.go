@@ -74,13 +74,7 @@ func newSimCluster(t *testing.T, regions, perRegion int, tenants map[string]*con
 				mod(&cfg)
 			}
 			c.cfg = cfg
-			l, err := New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := l.Update(tenants); err != nil {
-				t.Fatal(err)
-			}
+			l := newWith(t, cfg, tenants)
 			phase := time.Duration(c.rng.Int64N(int64(cfg.SyncInterval)))
 			c.nodes = append(c.nodes, &simNode{
 				l: l, region: r,
@@ -430,13 +424,7 @@ func TestNewInstanceStartsSmall(t *testing.T) {
 	// InitialShare, not the whole limit.
 	cfg := c.cfg
 	cfg.Instance = "late"
-	l, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Update(c.tenants); err != nil {
-		t.Fatal(err)
-	}
+	l := newWith(t, cfg, c.tenants)
 	late := &simNode{l: l, region: 0, demand: 2 * R / 3, nextSync: c.clk.now, nextPush: c.clk.now.Add(time.Second)}
 	for _, n := range c.nodes {
 		n.demand = 2 * R / 4

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/ratelimit"
 	"github.com/meridian-router/meridian/tier2/gossip"
 	"github.com/meridian-router/meridian/tier2/gossip/faultnet"
@@ -28,23 +29,6 @@ import (
 // that sync before advancing the clock. What the Limiters see is then the
 // same on any machine, however loaded: a slow machine only makes the test
 // take longer in real time.
-
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // delayed is the gossip channel of one instance: it stamps what it sends
 // with the fake time and holds what it receives until it is due.
@@ -114,7 +98,7 @@ func (d *delayed) received(from string) int64 {
 
 type gossipCluster struct {
 	t      *testing.T
-	clk    *fakeClock
+	clk    *testkit.Clock
 	oneWay time.Duration
 	lims   []*ratelimit.Limiter
 	chans  []*delayed
@@ -127,7 +111,7 @@ const gossipSync = 100 * time.Millisecond
 func startGossipCluster(t *testing.T, n int, oneWay time.Duration, tenants map[string]*config.Tenant) *gossipCluster {
 	t.Helper()
 	c := &gossipCluster{
-		t: t, clk: &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)},
+		t: t, clk: testkit.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		oneWay: oneWay, merged: make(chan struct{}, 1),
 	}
 	var cfgs []gossip.Config

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 )
 
@@ -387,7 +387,7 @@ func TestMetrics(t *testing.T) {
 		{l.metrics.share.WithLabelValues("acme", "tenant", "tokens"), 1},
 	}
 	for i, ch := range checks {
-		if got := metricValue(t, ch.c); got != ch.want {
+		if got := testkit.Value(t, ch.c); got != ch.want {
 			t.Errorf("check %d: %v, want %v", i, got, ch.want)
 		}
 	}
@@ -398,7 +398,7 @@ func TestMetrics(t *testing.T) {
 	if err := l.Update(nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := countSeries(l.metrics.rejected); n != 0 {
+	if n := testkit.Series(l.metrics.rejected); n != 0 {
 		t.Errorf("%d rejected series left after removing the tenant", n)
 	}
 }
@@ -575,30 +575,18 @@ func FuzzMerge(f *testing.F) {
 	})
 }
 
-func metricValue(t *testing.T, m prometheus.Metric) float64 {
+// newWith is a Limiter of cfg holding tenants, failing t when either is
+// refused.
+func newWith(t testing.TB, cfg Config, tenants map[string]*config.Tenant) *Limiter {
 	t.Helper()
-	var pb dto.Metric
-	if err := m.Write(&pb); err != nil {
+	l, err := New(cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
-	switch {
-	case pb.Counter != nil:
-		return pb.Counter.GetValue()
-	case pb.Gauge != nil:
-		return pb.Gauge.GetValue()
+	if err := l.Update(tenants); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("not a counter or gauge: %v", m.Desc())
-	return 0
-}
-
-func countSeries(c prometheus.Collector) int {
-	ch := make(chan prometheus.Metric, 64)
-	go func() { c.Collect(ch); close(ch) }()
-	n := 0
-	for range ch {
-		n++
-	}
-	return n
+	return l
 }
 
 // pair is two Limiters on one fake clock that exchange reports by hand.
@@ -607,14 +595,7 @@ func pair(t *testing.T, c *clock, tenants map[string]*config.Tenant) (a, b *Limi
 	newL := func(name string) *Limiter {
 		cfg := DefaultConfig(name)
 		cfg.Now = c.Now
-		l, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Update(tenants); err != nil {
-			t.Fatal(err)
-		}
-		return l
+		return newWith(t, cfg, tenants)
 	}
 	a, b = newL("a"), newL("b")
 	exchange(a, b)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 func TestRunSyncsEveryIntervalAndLeaves(t *testing.T) {
@@ -126,14 +127,7 @@ func TestReportSplitsIntoParts(t *testing.T) {
 	newLimiter := func(name string, maxPayload int) *Limiter {
 		cfg := DefaultConfig(name)
 		cfg.Now, cfg.MaxPayload = c.Now, maxPayload
-		l, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Update(tenants); err != nil {
-			t.Fatal(err)
-		}
-		return l
+		return newWith(t, cfg, tenants)
 	}
 	a, b, relay := newLimiter("a", 300), newLimiter("b", 0), newLimiter("c", 0)
 	offer := func(n int) {
@@ -195,25 +189,12 @@ func TestConcurrentUse(t *testing.T) {
 	if err := errors.Join(a.Update(big), b.Update(big)); err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				d := a.Allow(Request{Tenant: []string{"acme", "globex", "hooli"}[(i+w)%3], Model: "m1", Band: config.BandStandard, Tokens: 100})
-				if d.Allowed {
-					a.Settle(d.Ticket, 40)
-				}
-			}
-		}()
-	}
+	stop := testkit.Loop(4, func(w, i int) {
+		d := a.Allow(Request{Tenant: []string{"acme", "globex", "hooli"}[(i+w)%3], Model: "m1", Band: config.BandStandard, Tokens: 100})
+		if d.Allowed {
+			a.Settle(d.Ticket, 40)
+		}
+	})
 	for i := range 200 {
 		if err := a.Update([]map[string]*config.Tenant{small, big}[i%2]); err != nil {
 			t.Fatal(err)
@@ -227,6 +208,5 @@ func TestConcurrentUse(t *testing.T) {
 		a.Merge("b", b.LocalState())
 		a.Peers()
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 }

@@ -1,7 +1,6 @@
 package regions
 
 import (
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,25 +18,12 @@ func TestRetryBudgetWindowReloadsUnderTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	var counted atomic.Int64
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				f.Retries().Request()
-				f.Retries().Retry()
-				counted.Add(1)
-			}
-		}()
-	}
+	stop := testkit.Loop(4, func(_, _ int) {
+		f.Retries().Request()
+		f.Retries().Retry()
+		counted.Add(1)
+	})
 	for i := range 50 {
 		c := cfg
 		c.Retry.Window = time.Hour + time.Duration(i)*time.Minute
@@ -47,8 +33,7 @@ func TestRetryBudgetWindowReloadsUnderTraffic(t *testing.T) {
 		n := counted.Load()
 		testkit.Eventually(t, "requests counted after the update", func() bool { return counted.Load() > n })
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	// The last window is new: nothing counted in it, one retry allowed.
 	cfg.Retry.Window = 3 * time.Hour
 	if err := f.Update(cfg); err != nil {

@@ -12,14 +12,7 @@ import (
 func TestDigestSaturation(t *testing.T) {
 	in := sampleDigest()
 	in.Saturation, in.FreshPods, in.StalePods = 1.37, 8, 2
-	b, err := in.AppendBinary(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out Digest
-	if err := out.UnmarshalBinary(b); err != nil {
-		t.Fatal(err)
-	}
+	b, out := roundTrip(t, in)
 	if math.Abs(out.Saturation-in.Saturation) > 1.0/fracScale || out.FreshPods != 8 || out.StalePods != 2 {
 		t.Errorf("saturation %v fresh %d stale %d; want 1.37, 8, 2", out.Saturation, out.FreshPods, out.StalePods)
 	}

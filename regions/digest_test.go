@@ -22,16 +22,23 @@ func sampleDigest() Digest {
 	}
 }
 
-func TestDigestRoundTrip(t *testing.T) {
-	in := sampleDigest()
+// roundTrip encodes in and decodes the encoding, failing t on an error of
+// either.
+func roundTrip(t *testing.T, in Digest) (encoded []byte, out Digest) {
+	t.Helper()
 	b, err := in.AppendBinary(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out Digest
 	if err := out.UnmarshalBinary(b); err != nil {
 		t.Fatal(err)
 	}
+	return b, out
+}
+
+func TestDigestRoundTrip(t *testing.T) {
+	in := sampleDigest()
+	b, out := roundTrip(t, in)
 	// Fractions travel as parts per 65,535.
 	for _, f := range []struct {
 		name    string

@@ -626,42 +626,37 @@ func benchFleet(tb testing.TB, n int) *Fleet {
 func BenchmarkSelect(b *testing.B) {
 	for _, n := range []int{6, 30} {
 		for _, prefix := range []bool{true, false} {
-			b.Run(fmt.Sprintf("clusters=%d/prefix=%v", n, prefix), func(b *testing.B) {
-				f := benchFleet(b, n)
-				dst := make([]Target, 0, 3)
-				req := Request{Model: "llama"}
-				b.ReportAllocs()
-				cpu0 := testkit.CPUTime()
-				for i := 0; b.Loop(); i++ {
-					if prefix {
-						req.PrefixHash = uint64(i)*0x9E3779B97F4A7C15 | 1
-					}
-					dst = f.Select(dst, req)
-					f.Begin(dst[0])
-					f.End(dst[0], Success)
-				}
-				reportCPU(b, cpu0)
-			})
+			b.Run(fmt.Sprintf("clusters=%d/prefix=%v", n, prefix), func(b *testing.B) { benchSelect(b, n, prefix, true) })
 		}
 	}
+}
+
+// benchSelect measures Select over benchFleet(n), with a new prefix hash
+// for every request when prefix, each choice begun and ended when settle.
+func benchSelect(b *testing.B, n int, prefix, settle bool) {
+	f := benchFleet(b, n)
+	dst := make([]Target, 0, 3)
+	req := Request{Model: "llama"}
+	b.ReportAllocs()
+	cpu0 := testkit.CPUTime()
+	for i := 0; b.Loop(); i++ {
+		if prefix {
+			req.PrefixHash = uint64(i)*0x9E3779B97F4A7C15 | 1
+		}
+		dst = f.Select(dst, req)
+		if settle {
+			f.Begin(dst[0])
+			f.End(dst[0], Success)
+		}
+	}
+	reportCPU(b, cpu0)
 }
 
 // BenchmarkSelectOnly is Select alone (no Begin/End): one clock read, the
 // view lookup, admission, the home set and the ring walk.
 func BenchmarkSelectOnly(b *testing.B) {
 	for _, n := range []int{6, 30} {
-		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
-			f := benchFleet(b, n)
-			dst := make([]Target, 0, 3)
-			req := Request{Model: "llama"}
-			b.ReportAllocs()
-			cpu0 := testkit.CPUTime()
-			for i := 0; b.Loop(); i++ {
-				req.PrefixHash = uint64(i)*0x9E3779B97F4A7C15 | 1
-				dst = f.Select(dst, req)
-			}
-			reportCPU(b, cpu0)
-		})
+		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) { benchSelect(b, n, true, false) })
 	}
 }
 

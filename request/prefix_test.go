@@ -117,8 +117,12 @@ func BenchmarkBlockHashes(b *testing.B) {
 }
 
 func BenchmarkParseChat(b *testing.B) {
-	body := []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"` +
-		strings.Repeat("You are a helpful assistant. ", 300) + `"},{"role":"user","content":"What is the capital of France?"}]}`)
+	benchParse(b, []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"`+
+		strings.Repeat("You are a helpful assistant. ", 300)+`"},{"role":"user","content":"What is the capital of France?"}]}`))
+}
+
+// benchParse measures Parse of body.
+func benchParse(b *testing.B, body []byte) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	cpu := testkit.StartCPU()
@@ -135,18 +139,9 @@ func BenchmarkParseChat(b *testing.B) {
 // escape every 20 bytes or so), the form tier1's decision-path fixture
 // uses: the prompt cannot alias the body and is decoded into the arena.
 func BenchmarkParseChatEscaped(b *testing.B) {
-	body := []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"` +
-		strings.Repeat(`You are a helpful assistant.\n Answer briefly, caf\u00e9 r\u00e9sum\u00e9. `, 400) +
-		`"},{"role":"user","content":"What is the capital of France?"}]}`)
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	cpu := testkit.StartCPU()
-	for b.Loop() {
-		if _, err := Parse(body, 0); err != nil {
-			b.Fatal(err)
-		}
-	}
-	cpu.Report(b)
+	benchParse(b, []byte(`{"model":"llama","stream":true,"messages":[{"role":"system","content":"`+
+		strings.Repeat(`You are a helpful assistant.\n Answer briefly, caf\u00e9 r\u00e9sum\u00e9. `, 400)+
+		`"},{"role":"user","content":"What is the capital of France?"}]}`))
 }
 
 func TestPrefixHashes(t *testing.T) {

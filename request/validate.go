@@ -105,7 +105,7 @@ func Validate(data []byte) (Params, error) {
 		case "stop":
 			return v.stop()
 		case "user":
-			return v.str("user")
+			return v.str("user", "a string")
 		case "stream_options":
 			return v.streamOptions()
 		}
@@ -141,7 +141,6 @@ func typeError(param, want string) *ParamError {
 	return &ParamError{Param: param, Code: "invalid_type", Message: fmt.Sprintf("invalid type for %q: expected %s", param, want)}
 }
 
-// integer reads an integer in [lo, hi] or null (which leaves *dst 0).
 // choices reads n or best_of: 1 to MaxChoices, 0 meaning 1.
 func (v *validator) choices(name string, out *int64) error {
 	n := int64(0)
@@ -152,18 +151,28 @@ func (v *validator) choices(name string, out *int64) error {
 	return nil
 }
 
-func (v *validator) integer(param string, lo, hi int64, dst *int64) error {
+// number reads a JSON number, returning its text, or null, returning nil;
+// any other value is a type error for param, which expects want.
+func (v *validator) number(param, want string) ([]byte, error) {
 	s := &v.s
 	switch c := s.peek(); {
 	case c == 'n':
-		*dst = 0
-		return s.literal("null")
+		return nil, s.literal("null")
 	case c != '-' && (c < '0' || c > '9'):
-		return typeError(param, "an integer")
+		return nil, typeError(param, want)
 	}
-	num, err := s.number()
+	return s.number()
+}
+
+// integer reads an integer in [lo, hi] or null (which leaves *dst 0).
+func (v *validator) integer(param string, lo, hi int64, dst *int64) error {
+	num, err := v.number(param, "an integer")
 	if err != nil {
 		return err
+	}
+	if num == nil {
+		*dst = 0
+		return nil
 	}
 	n, err := strconv.ParseInt(string(num), 10, 64)
 	if err != nil {
@@ -182,15 +191,8 @@ func (v *validator) integer(param string, lo, hi int64, dst *int64) error {
 
 // float reads a number in [lo, hi] or null.
 func (v *validator) float(param string, lo, hi float64) error {
-	s := &v.s
-	switch c := s.peek(); {
-	case c == 'n':
-		return s.literal("null")
-	case c != '-' && (c < '0' || c > '9'):
-		return typeError(param, "a number")
-	}
-	num, err := s.number()
-	if err != nil {
+	num, err := v.number(param, "a number")
+	if err != nil || num == nil {
 		return err
 	}
 	f, err := strconv.ParseFloat(string(num), 64)
@@ -211,7 +213,9 @@ func (v *validator) boolean(param string) (bool, error) {
 	return false, typeError(param, "a boolean")
 }
 
-func (v *validator) str(param string) error {
+// str reads a string or null; any other value is a type error for param,
+// which expects want.
+func (v *validator) str(param, want string) error {
 	s := &v.s
 	switch s.peek() {
 	case 'n':
@@ -219,29 +223,26 @@ func (v *validator) str(param string) error {
 	case '"':
 		return s.skipString()
 	}
-	return typeError(param, "a string")
+	return typeError(param, want)
 }
 
+// stop reads stop: a string, an array of at most MaxStop strings, or null.
 func (v *validator) stop() error {
+	const want = "a string or an array of strings"
 	s := &v.s
-	switch s.peek() {
-	case 'n':
-		return s.literal("null")
-	case '"':
-		return s.skipString()
-	case '[':
-		n := 0
-		return s.array(func() error {
-			if n++; n > MaxStop {
-				return &ParamError{Param: "stop", Code: "invalid_value", Message: fmt.Sprintf(`"stop" takes at most %d sequences`, MaxStop)}
-			}
-			if s.peek() != '"' {
-				return typeError("stop", "a string or an array of strings")
-			}
-			return s.skipString()
-		})
+	if s.peek() != '[' {
+		return v.str("stop", want)
 	}
-	return typeError("stop", "a string or an array of strings")
+	n := 0
+	return s.array(func() error {
+		if n++; n > MaxStop {
+			return &ParamError{Param: "stop", Code: "invalid_value", Message: fmt.Sprintf(`"stop" takes at most %d sequences`, MaxStop)}
+		}
+		if s.peek() != '"' {
+			return typeError("stop", want)
+		}
+		return s.skipString()
+	})
 }
 
 func (v *validator) streamOptions() error {

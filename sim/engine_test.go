@@ -25,12 +25,19 @@ func mustProfile(t testing.TB, name string) Profile {
 // for all) into requests.
 func loadMooncake(t testing.TB, n int) ([]*Request, []time.Duration) {
 	t.Helper()
-	f, err := os.Open(traces.Path(traces.Mooncake))
+	return loadTrace(t, traces.Mooncake, trace.NewMooncake, n)
+}
+
+// loadTrace reads the shared trace name, in the format parse reads (first
+// n records; n <= 0 for all), into requests.
+func loadTrace[R trace.Reader](t testing.TB, name string, parse func(io.Reader) R, n int) ([]*Request, []time.Duration) {
+	t.Helper()
+	f, err := os.Open(traces.Path(name))
 	if err != nil {
 		t.Fatalf("open shared trace: %v", err)
 	}
 	defer f.Close()
-	return readRequests(t, trace.NewMooncake(f), n)
+	return readRequests(t, parse(f), n)
 }
 
 // readRequests reads the first n records of r (n <= 0: all) as requests

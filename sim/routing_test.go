@@ -2,7 +2,6 @@ package sim
 
 import (
 	"github.com/meridian-router/meridian/internal/traces"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -12,12 +11,7 @@ import (
 
 func loadAzure(t testing.TB, n int) ([]*Request, []time.Duration) {
 	t.Helper()
-	f, err := os.Open(traces.Path(traces.Azure))
-	if err != nil {
-		t.Fatalf("open shared trace: %v", err)
-	}
-	defer f.Close()
-	return readRequests(t, trace.NewAzure(f), n)
+	return loadTrace(t, traces.Azure, trace.NewAzure, n)
 }
 
 // p99TTFT replays requests on 2 H100 and 2 A10G pods, picking pods either

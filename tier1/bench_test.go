@@ -221,24 +221,11 @@ func TestConcurrentUpdatesAndDecisions(t *testing.T) {
 	pool, eps := newPool(ms...)
 	s := newSched(t, pool, config.ScoringMeridian, allWeights, "")
 	body := &request.Body{Model: "llama", Kind: request.Completion, Prompt: strings.Repeat("p", 64*32)}
-	var wg sync.WaitGroup
 	var decisions atomic.Int64
-	stop, enough := make(chan struct{}), make(chan struct{})
+	enough := make(chan struct{})
 	var once sync.Once
-	run := func(f func(i int)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				f(i)
-			}
-		}()
-	}
+	var stops []func()
+	run := func(f func(i int)) { stops = append(stops, testkit.Loop(1, func(_, i int) { f(i) })) }
 	run(func(i int) { // scraper
 		ep := eps[i%len(eps)]
 		ep.SetMetrics(&Metrics{Waiting: i % 7, Running: i % 30, KVCacheUsage: float64(i%10) / 10, ScrapedAt: t0,
@@ -275,8 +262,9 @@ func TestConcurrentUpdatesAndDecisions(t *testing.T) {
 		})
 	}
 	<-enough
-	close(stop)
-	wg.Wait()
+	for _, stop := range stops {
+		stop()
+	}
 	var inflight int64
 	for _, ep := range eps {
 		inflight += ep.InFlight()

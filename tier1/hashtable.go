@@ -68,15 +68,12 @@ func (t *blockTable) find(h uint64, x *PrefixIndex) int {
 		return -1
 	}
 	tag := tagOf(h)
-	for i := t.homeOfTag(tag); ; i = t.next(i) {
-		s := t.w[int(i)*t.stride]
-		if s == 0 {
-			return -1
-		}
-		if uint32(s>>32) == tag && x.node(int32(uint32(s))-1).hash == h {
-			return int(i)
+	for i := t.probeTag(tag, t.homeOfTag(tag)); i >= 0; i = t.probeTag(tag, t.next(uint64(i))) {
+		if x.node(t.head(i)).hash == h {
+			return i
 		}
 	}
+	return -1
 }
 
 // findTag returns the first slot whose tag is h's, or -1: a match's
@@ -86,7 +83,13 @@ func (t *blockTable) findTag(h uint64) int {
 		return -1
 	}
 	tag := tagOf(h)
-	for i := t.homeOfTag(tag); ; i = t.next(i) {
+	return t.probeTag(tag, t.homeOfTag(tag))
+}
+
+// probeTag returns the first slot from i on, in probe order, whose tag is
+// tag, or -1 at the first empty slot.
+func (t *blockTable) probeTag(tag uint32, i uint64) int {
+	for ; ; i = t.next(i) {
 		s := t.w[int(i)*t.stride]
 		if s == 0 {
 			return -1

@@ -91,40 +91,14 @@ func TestJWKSRefreshSingleFlight(t *testing.T) {
 	}
 }
 
-const reloadTopology = `apiVersion: meridian.dev/v1alpha1
-kind: Topology
-metadata: {name: t}
-spec:
-  regions:
-  - name: r1
-    clusters: [{name: c1, tier1: "http://127.0.0.1:1"}]
----
-apiVersion: meridian.dev/v1alpha1
-kind: Tenant
-metadata: {name: claims-team}
----
-apiVersion: meridian.dev/v1alpha1
-kind: Tenant
-metadata: {name: other-team}
-`
+var reloadTopology = testkit.Topology(testkit.Cluster{Region: "r1", Name: "c1", Tier1: noTier1}) +
+	testkit.Tenant("claims-team") + testkit.Tenant("other-team")
 
 func reloadSnapshot(t *testing.T, dir string, jwtYAML string, rev int64) *config.Snapshot {
 	t.Helper()
-	y := reloadTopology + `---
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  region: r1
-  cluster: c1
-  auth:
+	y := reloadTopology + testkit.Gateway("r1", "c1") + `  auth:
     jwt:
-` + jwtYAML + `
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
-`
+` + jwtYAML + "\n" + testkit.ChatScheduler
 	return testkit.SnapshotFile(t, filepath.Join(dir, "gw.yaml"), rev, y)
 }
 

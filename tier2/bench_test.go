@@ -73,15 +73,11 @@ func newInferenceFixture(tb testing.TB) *inferenceFixture {
 // newInferenceFixtureUpstream is newInferenceFixture forwarding to the
 // Tier-1 at url over the shipped transport ("": the canned one).
 func newInferenceFixtureUpstream(tb testing.TB, url string) *inferenceFixture {
-	cfg := frontDoorConfig
-	if url != "" {
-		cfg = strings.Replace(cfg, `tier1: "http://127.0.0.1:1"`, `tier1: "`+url+`"`, 1)
+	tier1 := url
+	if tier1 == "" {
+		tier1 = noTier1
 	}
-	snap := testkit.Snapshot(tb, 1, cfg+`---
-apiVersion: meridian.dev/v1alpha1
-kind: Tenant
-metadata: {name: team}
-spec:
+	snap := testkit.Snapshot(tb, 1, frontDoorConfig(tier1)+testkit.Tenant("team")+`spec:
   limits:
     requests: {limit: 1000000000, per: 1m}
     tokens: {limit: 1000000000000, per: 1m}

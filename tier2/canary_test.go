@@ -23,32 +23,10 @@ import (
 	"github.com/meridian-router/meridian/rollout"
 )
 
-const canaryConfig = `apiVersion: meridian.dev/v1alpha1
-kind: Topology
-metadata: {name: t}
-spec:
-  regions:
-  - name: r1
-    clusters: [{name: c1, tier1: "http://127.0.0.1:1"}]
-  - name: r2
-    clusters: [{name: c2, tier1: "http://127.0.0.1:2"}]
----
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  region: r1
-  cluster: c1
-  schedulers:
+var canaryConfig = testkit.Topology(testkit.Cluster{Region: "r1", Name: "c1", Tier1: noTier1}, testkit.Cluster{Region: "r2", Name: "c2", Tier1: "http://127.0.0.1:2"}) +
+	testkit.Gateway("r1", "c1") + `  schedulers:
   - {name: v1, modelName: chat-v1, modelSelector: {matchLabels: {pool: v1}}}
----
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c2}
-spec:
-  region: r2
-  cluster: c2
-  schedulers:
+` + testkit.Gateway("r2", "c2") + `  schedulers:
   - {name: v2, modelName: chat-v2, modelSelector: {matchLabels: {pool: v2}}}
 ---
 ` + testkit.ChatRewrite + `    targets:
@@ -79,17 +57,7 @@ func newCanaryRig(t *testing.T, instances int, writable bool) *canaryRig {
 	t.Helper()
 	e := configtest.StartEtcd(t)
 	rig := &canaryRig{store: &config.Store{Client: e.Client}, now: canaryT0}
-	docs, errs := config.Decode("canary.yaml", []byte(canaryConfig))
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	plan, err := rig.store.PlanApply(context.Background(), docs, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rig.store.Commit(context.Background(), plan); err != nil {
-		t.Fatal(err)
-	}
+	e.Apply(t, canaryConfig)
 	snap := rig.load(t)
 	for range instances {
 		fleet := localFleet(t, snap)

@@ -98,27 +98,15 @@ func TestClockSkewBetweenInstances(t *testing.T) {
 		t.Cleanup(gs.Stop)
 		health[c.name] = ln.Addr().String()
 	}
-	var b strings.Builder
-	b.WriteString("apiVersion: meridian.dev/v1alpha1\nkind: Topology\nmetadata: {name: t}\nspec:\n  regions:\n")
-	for _, r := range []string{"r1", "r2"} {
-		fmt.Fprintf(&b, "  - name: %s\n    clusters:\n", r)
-		for _, c := range clusters {
-			if c.region == r {
-				fmt.Fprintf(&b, "    - {name: %s, tier1: %q, health: %q}\n", c.name, tier1[c.name], health[c.name])
-			}
-		}
-	}
+	var topology []testkit.Cluster
 	for _, c := range clusters {
-		fmt.Fprintf(&b, `---
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: %[1]s}
-spec:
-  region: %[2]s
-  cluster: %[1]s
-  schedulers:
-  - {name: %[3]s, modelName: %[3]s, modelSelector: {matchLabels: {pool: %[3]s}}}
-`, c.name, c.region, c.model)
+		topology = append(topology, testkit.Cluster{Region: c.region, Name: c.name, Tier1: tier1[c.name], Health: health[c.name]})
+	}
+	var b strings.Builder
+	b.WriteString(testkit.Topology(topology...))
+	for _, c := range clusters {
+		b.WriteString(testkit.Gateway(c.region, c.name))
+		fmt.Fprintf(&b, "  schedulers:\n  - {name: %[1]s, modelName: %[1]s, modelSelector: {matchLabels: {pool: %[1]s}}}\n", c.model)
 	}
 	docs, errs := config.Decode("skew.yaml", []byte(b.String()))
 	if len(errs) > 0 {

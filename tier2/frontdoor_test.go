@@ -17,31 +17,17 @@ import (
 	"github.com/meridian-router/meridian/regions"
 )
 
-const frontDoorConfig = `apiVersion: meridian.dev/v1alpha1
-kind: Topology
-metadata: {name: t}
-spec:
-  regions:
-  - name: r1
-    clusters: [{name: c1, tier1: "http://127.0.0.1:1"}]
----
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  region: r1
-  cluster: c1
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
----
-apiVersion: meridian.dev/v1alpha1
-kind: Tenant
-metadata: {name: claims-team}
-spec:
-  models: [chat-model]
-`
+// noTier1 is a Tier-1 URL that is never dialled.
+const noTier1 = "http://127.0.0.1:1"
+
+// frontDoorConfig is Region r1 with one cluster, c1, whose Tier-1 is at
+// tier1, serving chat-model, and the tenant claims-team, who may call
+// chat-model only.
+func frontDoorConfig(tier1 string) string {
+	return testkit.Topology(testkit.Cluster{Region: "r1", Name: "c1", Tier1: tier1}) +
+		testkit.Gateway("r1", "c1") + testkit.ChatScheduler +
+		testkit.Tenant("claims-team") + "spec:\n  models: [chat-model]\n"
+}
 
 // localFleet is a fleet in Region r1 over snap's Topology.
 func localFleet(tb testing.TB, snap *config.Snapshot) *regions.Fleet {
@@ -55,7 +41,7 @@ func localFleet(tb testing.TB, snap *config.Snapshot) *regions.Fleet {
 
 func frontDoor(t *testing.T) (*httptest.Server, testKey) {
 	t.Helper()
-	snap := testkit.Snapshot(t, 1, frontDoorConfig)
+	snap := testkit.Snapshot(t, 1, frontDoorConfig(noTier1))
 	_, ecK, _ := newKeys(t)
 	fleet := localFleet(t, snap)
 	r, err := NewRouter(Config{
@@ -114,12 +100,7 @@ func TestFrontDoorRejects(t *testing.T) {
 			if resp.StatusCode != tc.status {
 				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, b)
 			}
-			var e struct {
-				Error struct {
-					Message, Type string
-					Code          string
-				}
-			}
+			var e testkit.OpenAIError
 			if err := json.Unmarshal(b, &e); err != nil || e.Error.Code != tc.code || e.Error.Message == "" || e.Error.Type == "" {
 				t.Fatalf("body %s: want OpenAI error with code %q", b, tc.code)
 			}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -19,28 +18,23 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/ratelimit"
 	"github.com/meridian-router/meridian/regions"
 )
 
-// rlClock is the fake clock the door's Limiter reads, so that "no time
-// passes" between two requests and retry-after can be checked to the
-// millisecond.
-type rlClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *rlClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *rlClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
+// frozenLimiter is a Limiter on a fake clock, so that "no time passes"
+// between two requests and retry-after can be checked to the millisecond.
+func frozenLimiter(t *testing.T) (*ratelimit.Limiter, *testkit.Clock) {
+	t.Helper()
+	clk := testkit.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	rcfg := ratelimit.DefaultConfig("door")
+	rcfg.Now = clk.Now
+	lim, err := ratelimit.New(rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim, clk
 }
 
 // usageUpstream stands in for a Tier-1 whose every answer used 300
@@ -63,13 +57,7 @@ func usageUpstream(w http.ResponseWriter, r *http.Request) {
 func TestRateLimitHeadersThroughTier2(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(usageUpstream))
 	defer up.Close()
-	clk := &rlClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	rcfg := ratelimit.DefaultConfig("door")
-	rcfg.Now = clk.Now
-	lim, err := ratelimit.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim, clk := frozenLimiter(t)
 	var fleet *regions.Fleet
 	d := newDoor(t, func(c *Config) { c.Limiter, fleet = lim, c.Fleet }, up.URL)
 	// The cluster's digest is refreshed before every request: on a loaded
@@ -266,13 +254,7 @@ spec:
 func TestUnservedRequestsAreRefunded(t *testing.T) {
 	dead := httptest.NewServer(http.HandlerFunc(usageUpstream))
 	dead.Close() // connections refused: the cluster fails before responding
-	clk := &rlClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	rcfg := ratelimit.DefaultConfig("door")
-	rcfg.Now = clk.Now
-	lim, err := ratelimit.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim, clk := frozenLimiter(t)
 	d := newDoor(t, func(c *Config) { c.Limiter = lim }, dead.URL)
 	clk.Advance(3 * time.Second)
 	lim.Sync()

@@ -298,42 +298,55 @@ func (r *Router) serveReady(w http.ResponseWriter, _ *http.Request) {
 	w.Write([]byte("ready\n"))
 }
 
-// serveModel answers one model of the caller's list, or 404.
-func (r *Router) serveModel(w http.ResponseWriter, req *http.Request) {
+// modelObject is a model as OpenAI's /v1/models answers it.
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func newModelObject(id string) modelObject {
+	return modelObject{ID: id, Object: "model", OwnedBy: "meridian"}
+}
+
+// callerModels is modelIDs for the caller of req; when the caller is
+// refused, it writes the error and reports false.
+func (r *Router) callerModels(w http.ResponseWriter, req *http.Request) ([]string, bool) {
 	st := r.snap.Load()
 	caller, e := r.identify(st, req)
 	if e != nil {
 		e.Write(w)
+		return nil, false
+	}
+	return r.modelIDs(st, caller.Tenant), true
+}
+
+// serveModel answers one model of the caller's list, or 404.
+func (r *Router) serveModel(w http.ResponseWriter, req *http.Request) {
+	ids, ok := r.callerModels(w, req)
+	if !ok {
 		return
 	}
 	id := req.PathValue("model")
-	if !slices.Contains(r.modelIDs(st, caller.Tenant), id) {
+	if !slices.Contains(ids, id) {
 		request.NotFound("model_not_found", fmt.Sprintf("the model %q does not exist or is not served", id)).Write(w)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"id": id, "object": "model", "created": 0, "owned_by": "meridian"})
+	json.NewEncoder(w).Encode(newModelObject(id))
 }
 
 // serveModels lists the models the caller may call that some cluster
 // serves with a fresh digest, plus the public names of rewrites.
 func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
-	st := r.snap.Load()
-	caller, e := r.identify(st, req)
-	if e != nil {
-		e.Write(w)
+	ids, ok := r.callerModels(w, req)
+	if !ok {
 		return
 	}
-	ids := r.modelIDs(st, caller.Tenant)
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	data := make([]model, len(ids))
+	data := make([]modelObject, len(ids))
 	for i, id := range ids {
-		data[i] = model{ID: id, Object: "model", OwnedBy: "meridian"}
+		data[i] = newModelObject(id)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})

@@ -99,61 +99,30 @@ func newReloadHarness(t *testing.T) *reloadHarness {
 func (h *reloadHarness) yaml(s routingStep) string {
 	gossip := ""
 	if s.gossip != "" {
-		gossip = "\n  gossip: " + s.gossip
+		gossip = "  gossip: " + s.gossip + "\n"
 	}
 	jwtExtra := ""
 	if s.jwt != "" {
 		jwtExtra = "\n      " + s.jwt
 	}
-	return fmt.Sprintf(`apiVersion: meridian.dev/v1alpha1
-kind: Topology
-metadata: {name: t}
-spec:
-  regions:
-  - name: r1
-    clusters: [{name: c1, tier1: %q}]
-  - name: r2
-    clusters: [{name: c2, tier1: %q}]%s
-  routing:
+	return testkit.Topology(testkit.Cluster{Region: "r1", Name: "c1", Tier1: h.pods[0].URL()}, testkit.Cluster{Region: "r2", Name: "c2", Tier1: h.pods[1].URL()}) +
+		gossip + fmt.Sprintf(`  routing:
     weights: {regionProximity: 1}
     rtts: [{a: r1, b: r2, rtt: 200ms}]
 %s
----
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  region: r1
-  cluster: c1
-  auth:
+`, indent(s.routing, "    ")) +
+		testkit.Gateway("r1", "c1") + fmt.Sprintf(`  auth:
     jwt:
       issuer: https://auth.example.com/
       audiences: [meridian]
       jwksFile: keys.json%s
       requiredClaims: {present: [sub, tenant]}
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
----
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c2}
-spec:
-  region: r2
-  cluster: c2
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
----
-apiVersion: meridian.dev/v1alpha1
-kind: Tenant
-metadata: {name: claims-team}
-spec:
+`, jwtExtra) + testkit.ChatScheduler +
+		testkit.Gateway("r2", "c2") + testkit.ChatScheduler +
+		testkit.Tenant("claims-team") + `spec:
   maxBand: Critical
   models: [chat-model]
-`, h.pods[0].URL(), h.pods[1].URL(), gossip, indent(s.routing, "    "), jwtExtra)
+`
 }
 
 func indent(s, by string) string {

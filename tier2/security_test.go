@@ -43,28 +43,17 @@ type door struct {
 // "claims-team" may call chat-model only; "support" has the example
 // platform's support-team limits and "few-tokens" 1000 tokens a minute.
 func doorConfig(upstreams ...string) string {
-	var b strings.Builder
-	b.WriteString("apiVersion: meridian.dev/v1alpha1\nkind: Topology\nmetadata: {name: t}\nspec:\n  regions:\n  - name: r1\n    clusters:\n")
+	var clusters []testkit.Cluster
 	for i, u := range upstreams {
-		fmt.Fprintf(&b, "    - {name: c%d, tier1: %q}\n", i+1, u)
+		clusters = append(clusters, testkit.Cluster{Region: "r1", Name: fmt.Sprintf("c%d", i+1), Tier1: u})
 	}
-	for i := range upstreams {
-		fmt.Fprintf(&b, `---
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c%d}
-spec:
-  region: r1
-  cluster: c%d
-  bbr: {enabled: true}
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
-  - name: other
+	var b strings.Builder
+	b.WriteString(testkit.Topology(clusters...))
+	for _, c := range clusters {
+		b.WriteString(testkit.Gateway("r1", c.Name) + "  bbr: {enabled: true}\n" + testkit.ChatScheduler + `  - name: other
     modelName: other-model
     modelSelector: {matchLabels: {pool: other}}
-`, i+1, i+1)
+`)
 	}
 	b.WriteString(`---
 apiVersion: meridian.dev/v1alpha1

@@ -108,31 +108,18 @@ func newPlatform(t testing.TB) *platform {
 	t1ln := map[string]net.Listener{"home": listen(t), "away": listen(t)}
 	hln := map[string]net.Listener{"home": listen(t), "away": listen(t)}
 	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: meridian.dev/v1alpha1
-kind: Topology
-metadata: {name: t}
-spec:
-  regions:
-  - name: home
-    clusters: [{name: c-home, tier1: "http://%s", health: %q}]
-  - name: away
-    clusters: [{name: c-away, tier1: "http://%s", health: %q}]
-  routing:
-    admission: {criticalReserve: 0.1}
-`, t1ln["home"].Addr(), hln["home"].Addr().String(), t1ln["away"].Addr(), hln["away"].Addr().String())
+	var clusters []testkit.Cluster
+	for _, r := range []string{"home", "away"} {
+		clusters = append(clusters, testkit.Cluster{Region: r, Name: "c-" + r, Tier1: "http://" + t1ln[r].Addr().String(), Health: hln[r].Addr().String()})
+	}
+	b.WriteString(testkit.Topology(clusters...) + "  routing:\n    admission: {criticalReserve: 0.1}\n")
 	for _, r := range []string{"home", "away"} {
 		pod := homePods[0]
 		if r == "away" {
 			pod = awayPods[0]
 		}
-		fmt.Fprintf(&b, `---
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c-%[1]s}
-spec:
-  region: %[1]s
-  cluster: c-%[1]s
-`+testkit.JWTAuth+`      requiredClaims: {present: [sub, tenant]}
+		b.WriteString(testkit.Gateway(r, "c-"+r))
+		fmt.Fprintf(&b, testkit.JWTAuth+`      requiredClaims: {present: [sub, tenant]}
   schedulers:
   - name: m
     modelName: m
@@ -150,26 +137,10 @@ spec:
   - {name: %[1]s-0, address: %[2]q, labels: {pool: m}}
 `, r, pod.Addr())
 	}
-	b.WriteString(`---
-apiVersion: meridian.dev/v1alpha1
-kind: Tenant
-metadata: {name: payments}
-spec: {maxBand: Critical}
----
-apiVersion: meridian.dev/v1alpha1
-kind: Tenant
-metadata: {name: docs}
-spec: {maxBand: Standard}
----
-apiVersion: meridian.dev/v1alpha1
-kind: Tenant
-metadata: {name: batch}
-spec: {maxBand: Sheddable}
----
-apiVersion: meridian.dev/v1alpha1
-kind: Tenant
-metadata: {name: intruder}
-`)
+	b.WriteString(testkit.Tenant("payments") + "spec: {maxBand: Critical}\n" +
+		testkit.Tenant("docs") + "spec: {maxBand: Standard}\n" +
+		testkit.Tenant("batch") + "spec: {maxBand: Sheddable}\n" +
+		testkit.Tenant("intruder"))
 	snap := testkit.Snapshot(t, 1, b.String())
 
 	t1 := map[string]*tier1Cluster{}

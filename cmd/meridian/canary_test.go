@@ -42,30 +42,12 @@ func canaryPlatform(t *testing.T) (*platform.Platform, *configtest.Etcd) {
 		port[n] = platformtest.FreePort(t)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: meridian.dev/v1alpha1
-kind: Topology
-metadata: {name: t}
-spec:
-  routing: {admission: {criticalReserve: 0.1}}
-  regions:
-  - name: us-east-1
-    tier2: [%q]
-    clusters: [{name: use1, tier1: "http://%s", health: %q}]
-  - name: eu-west-1
-    tier2: [%q]
-    clusters: [{name: euw1, tier1: "http://%s", health: %q}]
-`, port["t2-us"], port["t1-us"], port["h-us"], port["t2-eu"], port["t1-eu"], port["h-eu"])
+	b.WriteString(platformtest.Topology(func(n string) string { return port[n] }) + "  routing: {admission: {criticalReserve: 0.1}}\n")
 	for _, c := range []struct{ name, region, model, pool, pod string }{
 		{"use1", "us-east-1", "chat-v1", "chat", "us-chat-0"}, {"euw1", "eu-west-1", "chat-v2", "chat-next", "eu-next-0"},
 	} {
-		fmt.Fprintf(&b, `---
-apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: %[1]s}
-spec:
-  region: %[2]s
-  cluster: %[1]s
-`+testkit.JWTAuth+`  schedulers:
+		b.WriteString(testkit.Gateway(c.region, c.name))
+		fmt.Fprintf(&b, testkit.JWTAuth+`  schedulers:
   # One pod per pool: a small Critical reserve keeps the test's load on
   # the pod instead of queued in the Gate (the default reserve is 0.65).
   - {name: %[4]s, modelName: %[3]s, modelSelector: {matchLabels: {pool: %[4]s}}, admission: {criticalReserve: 0.1}}
@@ -85,7 +67,7 @@ spec:
   stickiness: {key: header, header: x-session-id, salt: chat-rollout}
 `)
 	for _, tenant := range []string{"team-a", "team-b", "team-c", "team-d", "team-e"} {
-		fmt.Fprintf(&b, "---\napiVersion: meridian.dev/v1alpha1\nkind: Tenant\nmetadata: {name: %s}\nspec: {}\n", tenant)
+		b.WriteString(testkit.Tenant(tenant) + "spec: {}\n")
 	}
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "platform.yaml"), []byte(b.String()), 0o644); err != nil {
@@ -145,6 +127,19 @@ func served(p *platform.Platform, region, session string) (string, error) {
 		return "", fmt.Errorf("response model %q, want the public name chat", out.Model)
 	}
 	return resp.Header.Get("x-meridian-cluster"), nil
+}
+
+// allServedBy reports whether the sessions prefix+"0" to prefix+"19", sent to
+// region's Tier-2, are each served by cluster.
+func allServedBy(p *platform.Platform, region, prefix, cluster string) func() bool {
+	return func() bool {
+		for i := range 20 {
+			if c, err := served(p, region, fmt.Sprint(prefix, i)); err != nil || c != cluster {
+				return false
+			}
+		}
+		return true
+	}
 }
 
 func rolloutOf(t *testing.T, e *configtest.Etcd) *config.Rollout {
@@ -252,14 +247,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 			t.Fatalf("%d of %d sessions on the canary at 50%%", onCanary, sessions)
 		}
 		mustCanary(t, e, "undo", "chat")
-		testkit.Eventually(t, "undo sends everything back to stable", func() bool {
-			for i := range 20 {
-				if c, err := served(p, "eu-west-1", fmt.Sprint("session-", i)); err != nil || c != "use1" {
-					return false
-				}
-			}
-			return true
-		})
+		testkit.Eventually(t, "undo sends everything back to stable", allServedBy(p, "eu-west-1", "session-", "use1"))
 	})
 
 	t.Run("promote step by step, in full, then undo", func(t *testing.T) {
@@ -268,35 +256,15 @@ func TestCanaryEndToEnd(t *testing.T) {
 			t.Fatalf("after promote:\n%s", out)
 		}
 		mustCanary(t, e, "promote", "chat", "--full")
-		testkit.Eventually(t, "every session on the canary", func() bool {
-			for i := range 20 {
-				if c, err := served(p, "us-east-1", fmt.Sprint("s-", i)); err != nil || c != "euw1" {
-					return false
-				}
-			}
-			return true
-		})
+		testkit.Eventually(t, "every session on the canary", allServedBy(p, "us-east-1", "s-", "euw1"))
 		if out := mustCanary(t, e, "list"); !strings.Contains(out, "Healthy") {
 			t.Fatalf("list after full promotion:\n%s", out)
 		}
 		mustCanary(t, e, "undo", "chat")
-		testkit.Eventually(t, "undo returns every session to stable", func() bool {
-			for i := range 20 {
-				if c, err := served(p, "us-east-1", fmt.Sprint("s-", i)); err != nil || c != "use1" {
-					return false
-				}
-			}
-			return true
-		})
+		testkit.Eventually(t, "undo returns every session to stable", allServedBy(p, "us-east-1", "s-", "use1"))
 	})
 
 	t.Run("weight changes under load fail no request", func(t *testing.T) {
-		ctx, stop := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		// The load stops however the subtest ends: left running after a
-		// failure, it was counted in the later subtests' cohorts.
-		defer wg.Wait()
-		defer stop()
 		defer func() {
 			if t.Failed() {
 				t.Logf("rollout at the failure: %+v", rolloutOf(t, e))
@@ -305,20 +273,17 @@ func TestCanaryEndToEnd(t *testing.T) {
 		var ok, failed atomic.Int64
 		var firstErr atomic.Value
 		var seq atomic.Int64
-		for _, region := range p.Regions {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					if _, err := served(p, region, fmt.Sprint("live-", seq.Add(1)%50)); err != nil {
-						failed.Add(1)
-						firstErr.CompareAndSwap(nil, err.Error())
-					} else {
-						ok.Add(1)
-					}
-				}
-			}()
-		}
+		stop := testkit.Loop(len(p.Regions), func(r, _ int) {
+			if _, err := served(p, p.Regions[r], fmt.Sprint("live-", seq.Add(1)%50)); err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err.Error())
+			} else {
+				ok.Add(1)
+			}
+		})
+		// The load stops however the subtest ends: left running after a
+		// failure, it was counted in the later subtests' cohorts.
+		defer stop()
 		// Each change must be in force at both Tier-2s before the next.
 		// onCanary: both Tier-2s send between lo and hi of the 50 sessions
 		// to the canary.
@@ -349,7 +314,6 @@ func TestCanaryEndToEnd(t *testing.T) {
 		mustCanary(t, e, "undo", "chat")
 		testkit.Eventually(t, "undo in force", onCanary(0, 0))
 		stop()
-		wg.Wait()
 		if failed.Load() > 0 || ok.Load() == 0 {
 			t.Fatalf("%d requests failed across the changes (%d succeeded); first: %v", failed.Load(), ok.Load(), firstErr.Load())
 		}
@@ -400,26 +364,14 @@ func TestCanaryEndToEnd(t *testing.T) {
 		from := revision(t, e)
 		mustCanary(t, e, "start", "chat", "--to", "chat-v2", "--steps", "50,100", "--interval", "2s", "--min-requests", "5")
 		// Traffic from both Regions until the rollout is Degraded.
-		ctx, stop := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		defer wg.Wait()
-		defer stop()
 		var n atomic.Int64
-		for _, region := range p.Regions {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					served(p, region, fmt.Sprint("load-", n.Add(1)%40))
-				}
-			}()
-		}
+		stop := testkit.Loop(len(p.Regions), func(r, _ int) { served(p, p.Regions[r], fmt.Sprint("load-", n.Add(1)%40)) })
+		defer stop()
 		testkit.Eventually(t, "the analysis degrades the rollout", func() bool {
 			ro := rolloutOf(t, e)
 			return ro != nil && ro.Status == rewrite.StatusDegraded
 		})
 		stop()
-		wg.Wait()
 		ro := rolloutOf(t, e)
 		if ro.Step != 0 || !strings.Contains(ro.Reason, "error rate") {
 			t.Fatalf("degraded rollout %+v: want step 1 still, with the error rate as the reason", ro)
@@ -444,14 +396,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 		if writes != 2 { // the operator's start, then one abort
 			t.Fatalf("%d writes to the rewrite since start, want 2 (start, one abort)", writes)
 		}
-		testkit.Eventually(t, "traffic back on stable", func() bool {
-			for i := range 20 {
-				if c, err := served(p, "eu-west-1", fmt.Sprint("load-", i)); err != nil || c != "use1" {
-					return false
-				}
-			}
-			return true
-		})
+		testkit.Eventually(t, "traffic back on stable", allServedBy(p, "eu-west-1", "load-", "use1"))
 		// The transition is visible as a metric on every Tier-2 and in
 		// `status --tier2`.
 		for _, m := range p.Metrics {

@@ -3,6 +3,7 @@
 package configtest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -12,6 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/meridian-router/meridian/config"
 )
 
 // Etcd is a running embedded etcd server and a client of it.
@@ -94,6 +97,34 @@ func (e *Etcd) Stop() {
 		e.server.Close()
 		e.server = nil
 	}
+}
+
+// Commit plans docs onto the configuration stored in e (under
+// config.DefaultPrefix) and commits them, failing tb on any error. It
+// returns the revision committed.
+func (e *Etcd) Commit(tb testing.TB, docs []config.Document) int64 {
+	tb.Helper()
+	ctx := context.Background()
+	store := &config.Store{Client: e.Client, Prefix: config.DefaultPrefix}
+	p, err := store.PlanApply(ctx, docs, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rev, err := store.Commit(ctx, p)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return rev
+}
+
+// Apply is Commit of YAML documents, read as if from the file apply.yaml.
+func (e *Etcd) Apply(tb testing.TB, yaml string) int64 {
+	tb.Helper()
+	docs, errs := config.Decode("apply.yaml", []byte(yaml))
+	if err := errs.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return e.Commit(tb, docs)
 }
 
 // freeAddr returns a loopback address with a port free at the time of the

@@ -65,22 +65,7 @@ func Sources(t *testing.T, opts SourceOptions, test func(t *testing.T, start fun
 		e := StartEtcd(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
-		store := &config.Store{Client: e.Client, Prefix: config.DefaultPrefix}
-		commit := func(y string) int64 {
-			docs, errs := config.Decode("apply.yaml", []byte(y))
-			if err := errs.Err(); err != nil {
-				t.Fatal(err)
-			}
-			p, err := store.PlanApply(ctx, docs, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rev, err := store.Commit(ctx, p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return rev
-		}
+		commit := func(y string) int64 { return e.Apply(t, y) }
 		test(t, func(initial string, _ map[string][]byte) Live {
 			commit(initial)
 			src := &config.EtcdSource{Client: e.Client, CacheFile: filepath.Join(t.TempDir(), "lkg.json"), Logger: opts.Logger, Check: opts.Check}

@@ -406,7 +406,7 @@ func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[str
 		}
 		found := false
 		for _, s := range m.services {
-			if !labelsMatch(sm.Spec.Selector.MatchLabels, s.Labels) {
+			if !config.MatchLabels(sm.Spec.Selector.MatchLabels, s.Labels) {
 				continue
 			}
 			for _, p := range s.Spec.Ports {
@@ -511,7 +511,7 @@ func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[str
 
 func checkDeployment(t *testing.T, d *appsv1.Deployment, tier string) {
 	t.Helper()
-	if !labelsMatch(d.Spec.Selector.MatchLabels, d.Spec.Template.Labels) {
+	if !config.MatchLabels(d.Spec.Selector.MatchLabels, d.Spec.Template.Labels) {
 		t.Errorf("Deployment %s: selector %v does not match its pods %v", d.Name, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
 	}
 	if _, ok := d.Spec.Template.Labels["pool"]; ok {
@@ -620,21 +620,9 @@ func checkMetricsRelabelling(t *testing.T, d *appsv1.Deployment, jobs map[string
 	}
 }
 
-func labelsMatch(selector, labels map[string]string) bool {
-	if len(selector) == 0 {
-		return false
-	}
-	for k, v := range selector {
-		if labels[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
 func selectDeployment(ds []*appsv1.Deployment, selector map[string]string) *appsv1.Deployment {
 	for _, d := range ds {
-		if labelsMatch(selector, d.Spec.Template.Labels) {
+		if config.MatchLabels(selector, d.Spec.Template.Labels) {
 			return d
 		}
 	}

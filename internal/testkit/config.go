@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -47,20 +48,84 @@ func StaticEndpoints(eps ...Endpoint) string {
 	return b.String()
 }
 
-// ChatGateway is cluster c1's InferenceGatewayConfig with one scheduler,
-// "chat", that routes chat-model to the pods labelled {pool: chat}. It
-// ends inside the scheduler: more of its settings (indented four spaces)
+// PodEndpoints lists pods (by pool label) as Endpoints, each named after
+// its pool and address (pool-host-port), in no particular order.
+func PodEndpoints[P interface{ Addr() string }](pods map[string][]P) []Endpoint {
+	var eps []Endpoint
+	for pool, ps := range pods {
+		for _, p := range ps {
+			eps = append(eps, Endpoint{Name: pool + "-" + strings.ReplaceAll(p.Addr(), ":", "-"), Address: p.Addr(), Pool: pool})
+		}
+	}
+	return eps
+}
+
+// Cluster is one cluster of a Topology document: its Region, name, Tier-1
+// URL and, when not "", the address of its pool-health feed.
+type Cluster struct{ Region, Name, Tier1, Health string }
+
+// Topology is a Topology document named "t" that lists clusters, each
+// under its Region, the Regions in the order they first appear. It ends
+// inside spec: more of its settings (indented two spaces, "  routing: …")
 // may follow, then other documents.
+func Topology(clusters ...Cluster) string {
+	var b strings.Builder
+	b.WriteString("apiVersion: meridian.dev/v1alpha1\nkind: Topology\nmetadata: {name: t}\nspec:\n  regions:\n")
+	var regions []string
+	for _, c := range clusters {
+		if !slices.Contains(regions, c.Region) {
+			regions = append(regions, c.Region)
+		}
+	}
+	for _, r := range regions {
+		fmt.Fprintf(&b, "  - name: %s\n    clusters:\n", r)
+		for _, c := range clusters {
+			if c.Region != r {
+				continue
+			}
+			fmt.Fprintf(&b, "    - {name: %s, tier1: %q", c.Name, c.Tier1)
+			if c.Health != "" {
+				fmt.Fprintf(&b, ", health: %q", c.Health)
+			}
+			b.WriteString("}\n")
+		}
+	}
+	return b.String()
+}
+
+// Gateway is the head of cluster's InferenceGatewayConfig (named after the
+// cluster) in region, as YAML that starts with the document separator
+// "---" (to append to other documents). It ends inside spec: the rest of
+// the gateway's spec (indented two spaces, such as ChatScheduler) follows.
+func Gateway(region, cluster string) string {
+	return fmt.Sprintf("---\napiVersion: meridian.dev/v1alpha1\nkind: InferenceGatewayConfig\nmetadata: {name: %[2]s}\nspec:\n  region: %[1]s\n  cluster: %[2]s\n", region, cluster)
+}
+
+// Tenant is the head of the Tenant document name, as YAML that starts with
+// the document separator "---"; its spec (with "spec:") may follow.
+func Tenant(name string) string {
+	return "---\napiVersion: meridian.dev/v1alpha1\nkind: Tenant\nmetadata: {name: " + name + "}\n"
+}
+
+// ChatScheduler is a gateway's spec.schedulers (at two spaces, as under
+// spec:) with one scheduler, "chat", that routes chat-model to the pods
+// labelled {pool: chat}. It ends inside the scheduler: more of its
+// settings (indented four spaces) or other schedulers may follow.
+const ChatScheduler = `  schedulers:
+  - name: chat
+    modelName: chat-model
+    modelSelector: {matchLabels: {pool: chat}}
+`
+
+// ChatGateway is cluster c1's InferenceGatewayConfig with ChatScheduler.
+// It ends inside the scheduler: more of its settings (indented four
+// spaces) may follow, then other documents.
 const ChatGateway = `apiVersion: meridian.dev/v1alpha1
 kind: InferenceGatewayConfig
 metadata: {name: c1}
 spec:
   cluster: c1
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
-`
+` + ChatScheduler
 
 // ChatRewrite is the head of the InferenceModelRewrite "chat": one rule
 // for the public name chat, up to (not including) its targets, which

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Metric returns the value of the first counter or gauge named name in g
@@ -37,4 +38,33 @@ func Metric(tb testing.TB, g prometheus.Gatherer, name string, labels map[string
 		}
 	}
 	return 0
+}
+
+// Value is the current value of m, a counter or a gauge, failing tb for
+// another kind of metric.
+func Value(tb testing.TB, m prometheus.Metric) float64 {
+	tb.Helper()
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		tb.Fatal(err)
+	}
+	switch {
+	case d.Counter != nil:
+		return d.Counter.GetValue()
+	case d.Gauge != nil:
+		return d.Gauge.GetValue()
+	}
+	tb.Fatalf("metric %v is neither a counter nor a gauge", m.Desc())
+	return 0
+}
+
+// Series counts the series c exports.
+func Series(c prometheus.Collector) int {
+	ch := make(chan prometheus.Metric)
+	go func() { c.Collect(ch); close(ch) }()
+	n := 0
+	for range ch {
+		n++
+	}
+	return n
 }

@@ -1,11 +1,15 @@
 // Package testkit is what the tests and benchmarks of many packages share:
-// waiting for a condition with a bound (Eventually), measuring CPU time
-// (CPUTime, StartCPU), building a configuration from YAML (Snapshot,
-// StaticEndpoints) and reading a metric from a registry (Metric). It is
-// imported only by test files (docs/architecture.md, rule 2).
+// waiting for a condition with a bound (Eventually), goroutines that loop
+// until stopped (Loop, UnderTraffic), a fake clock (Clock), measuring CPU
+// time (CPUTime, StartCPU), building a configuration from YAML (Snapshot;
+// Topology, Gateway, ChatScheduler, Tenant and StaticEndpoints write its
+// documents), reading metrics (Metric, Value, Series) and OpenAI's error
+// body (OpenAIError). It is imported only by test files
+// (docs/architecture.md, rule 2).
 package testkit
 
 import (
+	"sync"
 	"testing"
 	"time"
 )
@@ -30,6 +34,39 @@ func Eventually(tb testing.TB, what string, cond func() bool) {
 		<-time.After(wait) // a polling interval, not a synchronisation
 		wait = min(2*wait, 20*time.Millisecond)
 	}
+}
+
+// OpenAIError is the body of an error answer in OpenAI's shape.
+type OpenAIError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
+// Clock is a fake clock, safe for concurrent use: it reads the time it
+// was made with plus every Advance since.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock is a Clock that reads now.
+func NewClock(now time.Time) *Clock { return &Clock{now: now} }
+
+// Now is the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock on by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
 }
 
 // CPUClock measures the process's CPU time (user + system) from when it

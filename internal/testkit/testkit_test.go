@@ -3,6 +3,7 @@ package testkit
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -57,5 +58,33 @@ func TestCPUClock(t *testing.T) {
 	}
 	if CPUTime() < c.Elapsed() {
 		t.Errorf("CPUTime %s below the clock's elapsed %s", CPUTime(), c.Elapsed())
+	}
+}
+
+func TestLoop(t *testing.T) {
+	var mu sync.Mutex
+	calls := map[int]int{}
+	stop := Loop(3, func(w, i int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if i != calls[w] {
+			t.Errorf("worker %d: call %d, want %d", w, i, calls[w])
+		}
+		calls[w]++
+	})
+	Eventually(t, "every worker called", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(calls) == 3
+	})
+	stop()
+	mu.Lock()
+	after := fmt.Sprint(calls)
+	mu.Unlock()
+	time.Sleep(10 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if got := fmt.Sprint(calls); got != after {
+		t.Fatalf("calls after stop returned: %s, then %s", after, got)
 	}
 }

@@ -98,18 +98,13 @@ func Start(t testing.TB, tune func(*platform.Config)) *platform.Platform {
 // a loaded 2-core machine under -race, and still a bound.
 const ReadyTimeout = 2 * time.Minute
 
-// writeTwoRegions writes Start's configuration into a new directory.
-func writeTwoRegions(t testing.TB) string {
-	t.Helper()
-	ports := map[string]string{}
-	port := func(name string) string {
-		if _, ok := ports[name]; !ok {
-			ports[name] = FreePort(t)
-		}
-		return ports[name]
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: meridian.dev/v1alpha1
+// Topology is the Topology document of Start's two Regions: us-east-1
+// with cluster use1 and eu-west-1 with euw1, each Region's Tier-2, each
+// cluster's Tier-1 and pool-health feed at the addresses (host:port) port
+// gives for "t2-us", "t1-us", "h-us", "t2-eu", "t1-eu" and "h-eu". It ends
+// inside spec: more of its settings (indented two spaces) may follow.
+func Topology(port func(name string) string) string {
+	return fmt.Sprintf(`apiVersion: meridian.dev/v1alpha1
 kind: Topology
 metadata: {name: t}
 spec:
@@ -121,6 +116,20 @@ spec:
     tier2: [%q]
     clusters: [{name: euw1, tier1: "http://%s", health: %q}]
 `, port("t2-us"), port("t1-us"), port("h-us"), port("t2-eu"), port("t1-eu"), port("h-eu"))
+}
+
+// writeTwoRegions writes Start's configuration into a new directory.
+func writeTwoRegions(t testing.TB) string {
+	t.Helper()
+	ports := map[string]string{}
+	port := func(name string) string {
+		if _, ok := ports[name]; !ok {
+			ports[name] = FreePort(t)
+		}
+		return ports[name]
+	}
+	var b strings.Builder
+	b.WriteString(Topology(port))
 	for _, c := range []struct{ name, region, extra string }{{"use1", "us-east-1", `
   - name: chat
     modelName: chat-v1

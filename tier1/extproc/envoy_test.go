@@ -44,21 +44,12 @@ type platform struct {
 	pods   map[string][]*sim.LivePod // by pool label
 }
 
-const gatewayYAML = `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  bbr: {enabled: true}
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
-    weights: {queue: 2, kvCache: 2, prefix: 3}
+const gatewayYAML = testkit.ChatGateway + `    weights: {queue: 2, kvCache: 2, prefix: 3}
   - name: lora
     modelName: base-8b
     modelSelector: {matchLabels: {pool: lora}}
     loraAdapters: [adapter-a, adapter-b]
+  bbr: {enabled: true}
 `
 
 func startPods(tb testing.TB, profile, model string, adapters []string, k int, scale float64) []*sim.LivePod {
@@ -72,13 +63,7 @@ func startPods(tb testing.TB, profile, model string, adapters []string, k int, s
 
 func snapshot(tb testing.TB, pods map[string][]*sim.LivePod) *config.Snapshot {
 	tb.Helper()
-	var eps []testkit.Endpoint
-	for pool, lps := range pods {
-		for _, lp := range lps {
-			eps = append(eps, testkit.Endpoint{Name: pool + "-" + strings.ReplaceAll(lp.Addr(), ":", "-"), Address: lp.Addr(), Pool: pool})
-		}
-	}
-	return testkit.Snapshot(tb, 1, gatewayYAML+testkit.StaticEndpoints(eps...))
+	return testkit.Snapshot(tb, 1, gatewayYAML+testkit.StaticEndpoints(testkit.PodEndpoints(pods)...))
 }
 
 func newPlatform(tb testing.TB, srv *extproc.Server, scale float64) *platform {

@@ -35,13 +35,7 @@ func chat(model, text string, stream bool) []byte {
 // errorBody decodes an immediate response's OpenAI-shaped error.
 func errorBody(t *testing.T, ir *extprocv3.ImmediateResponse) (typ, code, msg string) {
 	t.Helper()
-	var e struct {
-		Error struct {
-			Message string `json:"message"`
-			Type    string `json:"type"`
-			Code    string `json:"code"`
-		} `json:"error"`
-	}
+	var e testkit.OpenAIError
 	if err := json.Unmarshal(ir.GetBody(), &e); err != nil {
 		t.Fatalf("immediate response body is not OpenAI's error JSON: %v: %s", err, ir.GetBody())
 	}

@@ -496,25 +496,13 @@ func BenchmarkObserve(b *testing.B) {
 		}
 		b.Run(tc.name+"/baseline-prefix-hashes", func(b *testing.B) {
 			dst, scratch := make([]uint64, 0, 256), make([]byte, 0, len(tc.prompt)+256)
-			b.ReportAllocs()
-			cpu := testkit.StartCPU()
-			i := 0
-			for b.Loop() {
-				i++
+			benchEach(b, func(i int) {
 				dst, scratch = request.PrefixHashes(dst[:0], bodies[i%64], "model", 64, 256, scratch)
-			}
-			cpu.Report(b)
+			})
 		})
 		b.Run(tc.name+"/observe", func(b *testing.B) {
 			s := New(Config{Samples: true})
-			b.ReportAllocs()
-			cpu := testkit.StartCPU()
-			i := 0
-			for b.Loop() {
-				i++
-				s.Observe("tenant", "model", bodies[i%64], hashes[i%64], t0)
-			}
-			cpu.Report(b)
+			benchEach(b, func(i int) { s.Observe("tenant", "model", bodies[i%64], hashes[i%64], t0) })
 		})
 		// The gateway's path: the text Tier-1 hashed, not copied again.
 		var texts [64][]byte
@@ -523,14 +511,20 @@ func BenchmarkObserve(b *testing.B) {
 		}
 		b.Run(tc.name+"/observe-text", func(b *testing.B) {
 			s := New(Config{Samples: true})
-			b.ReportAllocs()
-			cpu := testkit.StartCPU()
-			i := 0
-			for b.Loop() {
-				i++
-				s.ObserveText("tenant", "model", texts[i%64], hashes[i%64], t0)
-			}
-			cpu.Report(b)
+			benchEach(b, func(i int) { s.ObserveText("tenant", "model", texts[i%64], hashes[i%64], t0) })
 		})
 	}
+}
+
+// benchEach measures f, called with 1, 2, 3, … once an iteration, and
+// reports its allocations and CPU time.
+func benchEach(b *testing.B, f func(i int)) {
+	b.ReportAllocs()
+	cpu := testkit.StartCPU()
+	i := 0
+	for b.Loop() {
+		i++
+		f(i)
+	}
+	cpu.Report(b)
 }

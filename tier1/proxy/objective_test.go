@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
@@ -133,13 +134,7 @@ func TestObjectiveByNameOverHTTP(t *testing.T) {
 
 	before := decisions()
 	status, b := send("vip")
-	var e struct {
-		Error struct {
-			Message string `json:"message"`
-			Type    string `json:"type"`
-			Code    string `json:"code"`
-		} `json:"error"`
-	}
+	var e testkit.OpenAIError
 	if status != http.StatusBadRequest || json.Unmarshal(b, &e) != nil || e.Error.Code == "" || !strings.Contains(e.Error.Message, "vip") {
 		t.Fatalf("unknown objective: status %d: %s; want a 400 in OpenAI's error shape naming the value", status, b)
 	}

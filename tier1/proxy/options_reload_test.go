@@ -18,6 +18,7 @@ import (
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/sim"
+	"github.com/meridian-router/meridian/sim/simtest"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
 	"github.com/meridian-router/meridian/tier1/proxy"
@@ -61,22 +62,10 @@ type optionsHarness struct {
 
 func newOptionsHarness(t *testing.T) *optionsHarness {
 	t.Helper()
-	prof, err := sim.LookupProfile("h100")
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := simtest.Profile(t, "h100")
 	start := func(name, model string, p sim.Profile, scale float64, names sim.MetricNames, k int) []*sim.LivePod {
-		pods, err := sim.StartPods(t.Context(), sim.PodSpec{Pod: sim.PodConfig{Name: name, Profile: p, Model: model},
+		return simtest.StartPods(t, sim.PodSpec{Pod: sim.PodConfig{Name: name, Profile: p, Model: model},
 			TimeScale: scale, DefaultMaxTokens: 4, Metrics: names}, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			for _, lp := range pods {
-				lp.Close()
-			}
-		})
-		return pods
 	}
 	one := prof
 	one.MaxNumSeqs = 1
@@ -101,43 +90,23 @@ func (h *optionsHarness) yaml(obsWeights, options string) string {
 	if options != "" {
 		options = ", " + options
 	}
-	opts := "\n    options: {maxMetricsAge: 1h" + options + "}"
-	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  bbr: {enabled: true}
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}%s
-  - name: obs
+	opts := "    options: {maxMetricsAge: 1h" + options + "}\n"
+	var eps []testkit.Endpoint
+	for i, lp := range h.chat {
+		eps = append(eps, testkit.Endpoint{Name: fmt.Sprintf("chat-%d", i), Address: lp.Addr(), Pool: "chat"})
+	}
+	eps = append(eps, testkit.Endpoint{Name: "obs-a", Address: h.a.Addr(), Pool: "obs"}, testkit.Endpoint{Name: "obs-b", Address: h.b.Addr(), Pool: "obs"},
+		testkit.Endpoint{Name: "lru", Address: h.lru.Addr(), Pool: "lru"})
+	return testkit.ChatGateway + opts + fmt.Sprintf(`  - name: obs
     modelName: obs-model
     modelSelector: {matchLabels: {pool: obs}}
-    weights: %s%s
-  - name: lru
+    weights: %s
+%s  - name: lru
     modelName: lru-model
     modelSelector: {matchLabels: {pool: lru}}
-    weights: {prefix: 1}%s
----
-apiVersion: meridian.dev/v1alpha1
-kind: StaticEndpoints
-metadata: {name: pods}
-spec:
-  endpoints:
-`, opts, obsWeights, opts, opts)
-	ep := func(name, pool string, lp *sim.LivePod) {
-		fmt.Fprintf(&b, "  - {name: %s, address: %q, labels: {pool: %s}}\n", name, lp.Addr(), pool)
-	}
-	for i, lp := range h.chat {
-		ep(fmt.Sprintf("chat-%d", i), "chat", lp)
-	}
-	ep("obs-a", "obs", h.a)
-	ep("obs-b", "obs", h.b)
-	ep("lru", "lru", h.lru)
-	return b.String()
+    weights: {prefix: 1}
+%s  bbr: {enabled: true}
+`, obsWeights, opts, opts) + testkit.StaticEndpoints(eps...)
 }
 
 func (h *optionsHarness) start(t *testing.T, first *config.Snapshot, updates <-chan *config.Snapshot) {

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,21 +42,12 @@ func startPods(t *testing.T, profile, model string, adapters []string, k int) []
 	}, k)
 }
 
-const gatewayYAML = `apiVersion: meridian.dev/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: c1}
-spec:
-  cluster: c1
-  bbr: {enabled: true}
-  schedulers:
-  - name: chat
-    modelName: chat-model
-    modelSelector: {matchLabels: {pool: chat}}
-    weights: %s
+const gatewayYAML = testkit.ChatGateway + `    weights: %s
   - name: lora
     modelName: base-8b
     modelSelector: {matchLabels: {pool: lora}}
     loraAdapters: [adapter-a, adapter-b]
+  bbr: {enabled: true}
 ---
 apiVersion: v1
 kind: ConfigMap
@@ -80,13 +70,7 @@ func snapshot(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev 
 // "---").
 func snapshotWith(t *testing.T, weights string, pods map[string][]*sim.LivePod, rev int64, extra string) *config.Snapshot {
 	t.Helper()
-	var eps []testkit.Endpoint
-	for pool, lps := range pods {
-		for _, lp := range lps {
-			eps = append(eps, testkit.Endpoint{Name: pool + "-" + strings.ReplaceAll(lp.Addr(), ":", "-"), Address: lp.Addr(), Pool: pool})
-		}
-	}
-	return testkit.Snapshot(t, rev, fmt.Sprintf(gatewayYAML, weights)+testkit.StaticEndpoints(eps...)+extra)
+	return testkit.Snapshot(t, rev, fmt.Sprintf(gatewayYAML, weights)+testkit.StaticEndpoints(testkit.PodEndpoints(pods)...)+extra)
 }
 
 func newPlatform(t *testing.T, weights string) *platform {
@@ -297,33 +281,20 @@ func TestStalePodAvoided(t *testing.T) {
 
 func TestReloadWithoutLoss(t *testing.T) {
 	p := newPlatform(t, "{queue: 2, kvCache: 2, prefix: 3}")
-	var wg sync.WaitGroup
 	errs := make(chan string, 200)
-	stop := make(chan struct{})
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				resp, err := http.Post(p.srv.URL+"/v1/chat/completions", "application/json",
-					bytes.NewReader([]byte(chat("chat-model", fmt.Sprintf("w%d-%d", w, i), i%2 == 0))))
-				if err != nil {
-					errs <- err.Error()
-					continue
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 {
-					errs <- fmt.Sprintf("status %d", resp.StatusCode)
-				}
-			}
-		}()
-	}
+	stop := testkit.Loop(4, func(w, i int) {
+		resp, err := http.Post(p.srv.URL+"/v1/chat/completions", "application/json",
+			bytes.NewReader([]byte(chat("chat-model", fmt.Sprintf("w%d-%d", w, i), i%2 == 0))))
+		if err != nil {
+			errs <- err.Error()
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			errs <- fmt.Sprintf("status %d", resp.StatusCode)
+		}
+	})
 	weights := []string{"{queue: 5}", "{prefix: 4, kvCache: 1}", "{runningRequests: 2, lru: 1}", "{queue: 2, kvCache: 2, prefix: 3}"}
 	for i, w := range weights {
 		if err := p.gw.Apply(snapshot(t, w, p.pods, int64(i+2))); err != nil {
@@ -334,8 +305,7 @@ func TestReloadWithoutLoss(t *testing.T) {
 			t.Fatalf("after reload %d: status %d", i, r.status)
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	close(errs)
 	for e := range errs {
 		t.Errorf("request failed during reloads: %s", e)

@@ -39,6 +39,21 @@ type Sample struct {
 	Flavor string
 }
 
+// A dialect is one model server's names for the gauges Meridian routes
+// on. The first dialect whose waiting gauge a pod exports is the pod's.
+type dialect struct {
+	flavor           string
+	waiting, running string
+	// kvCache are the names of the KV-cache usage gauge, the current one
+	// first; a later (deprecated) one makes the flavor flavor-legacy.
+	kvCache []string
+}
+
+var dialects = []dialect{
+	{"vllm", "vllm:num_requests_waiting", "vllm:num_requests_running", []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}},
+	{"sglang", "sglang:num_queue_reqs", "sglang:num_running_reqs", []string{"sglang:token_usage"}},
+}
+
 // ErrNoMetrics means the exposition parsed but carried none of the metrics
 // Meridian routes on: the target is probably not a model server.
 var ErrNoMetrics = errors.New("no vLLM or SGLang queue metrics in the exposition")
@@ -54,30 +69,25 @@ func Parse(r io.Reader, now time.Time) (*Sample, error) {
 	m := &s.Metrics
 	m.ScrapedAt = now
 	found := false
-	if v, ok := gauge(fams, "vllm:num_requests_waiting"); ok {
-		m.Waiting, found, s.Flavor = int(v), true, "vllm"
-	}
-	if v, ok := gauge(fams, "vllm:num_requests_running"); ok {
-		m.Running = int(v)
-	}
-	if v, ok := gauge(fams, "vllm:kv_cache_usage_perc"); ok {
-		m.KVCacheUsage = v
-	} else if v, ok := gauge(fams, "vllm:gpu_cache_usage_perc"); ok {
-		m.KVCacheUsage = v
-		if found {
-			s.Flavor = "vllm-legacy"
+	for _, d := range dialects {
+		v, ok := gauge(fams, d.waiting)
+		if !ok {
+			continue
 		}
-	}
-	if !found {
-		if v, ok := gauge(fams, "sglang:num_queue_reqs"); ok {
-			m.Waiting, found, s.Flavor = int(v), true, "sglang"
-			if v, ok := gauge(fams, "sglang:num_running_reqs"); ok {
-				m.Running = int(v)
-			}
-			if v, ok := gauge(fams, "sglang:token_usage"); ok {
+		m.Waiting, found, s.Flavor = int(v), true, d.flavor
+		if v, ok := gauge(fams, d.running); ok {
+			m.Running = int(v)
+		}
+		for i, name := range d.kvCache {
+			if v, ok := gauge(fams, name); ok {
 				m.KVCacheUsage = v
+				if i > 0 {
+					s.Flavor += "-legacy"
+				}
+				break
 			}
 		}
+		break
 	}
 	if !found {
 		return nil, ErrNoMetrics
@@ -377,40 +387,39 @@ func Run(ctx context.Context, cfg Config, m *Metrics, t Target) {
 }
 
 func scrapeOnce(ctx context.Context, cfg Config, url string) (*Sample, error) {
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := cfg.Client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("scrape %s: HTTP %d", url, resp.StatusCode)
-	}
-	return Parse(io.LimitReader(resp.Body, 8<<20), cfg.Now())
+	return get(ctx, cfg, "scrape", url, "text/plain;version=0.0.4", func(r io.Reader) (*Sample, error) {
+		return Parse(io.LimitReader(r, 8<<20), cfg.Now())
+	})
 }
 
 func fetchModels(ctx context.Context, cfg Config, url string) (*tier1.Capabilities, error) {
+	return get(ctx, cfg, "read", url, "", func(r io.Reader) (*tier1.Capabilities, error) {
+		return ParseModels(io.LimitReader(r, 4<<20))
+	})
+}
+
+// get sends a GET of url (with an Accept header when accept is not "")
+// bounded by cfg.Timeout and parses a 200 answer's body; another status is
+// an error that says what failed (what: "scrape", "read").
+func get[T any](ctx context.Context, cfg Config, what, url, accept string, parse func(io.Reader) (T, error)) (T, error) {
+	var none T
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return none, err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
 	}
 	resp, err := cfg.Client.Do(req)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("read %s: HTTP %d", url, resp.StatusCode)
+		return none, fmt.Errorf("%s %s: HTTP %d", what, url, resp.StatusCode)
 	}
-	return ParseModels(io.LimitReader(resp.Body, 4<<20))
+	return parse(resp.Body)
 }

@@ -353,21 +353,16 @@ func (s *Server) changeRecords(w http.ResponseWriter, r *http.Request, id string
 			return strings.EqualFold(x.Name, rr.Name) && x.Type == rr.Type && x.SetIdentifier == rr.SetIdentifier
 		})
 		switch c.Action {
-		case "CREATE":
-			if i >= 0 {
+		case "CREATE", "UPSERT":
+			if i >= 0 && c.Action == "CREATE" {
 				msgs = append(msgs, fmt.Sprintf("Tried to create resource record set [name='%s', type='%s', set-identifier='%s'] but it already exists", rr.Name, rr.Type, rr.SetIdentifier))
 				continue
 			}
-			if m := cnameConflict(records, rr); m != "" {
-				msgs = append(msgs, m)
-				continue
-			}
-			records = append(records, rr)
-		case "UPSERT":
-			if i >= 0 {
+			if i >= 0 { // UPSERT replaces the set
 				records[i] = rr
 				continue
 			}
+			// A new set: neither action may put one beside a CNAME.
 			if m := cnameConflict(records, rr); m != "" {
 				msgs = append(msgs, m)
 				continue
