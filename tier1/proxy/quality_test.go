@@ -32,15 +32,19 @@ import (
 // fewest requests in flight, ties broken at random). Each run has fresh
 // pods. TTFT is measured by the client (time to the first streamed token).
 //
-// What it asserts: no pod takes more than half of Meridian's requests.
-// Before the latency model was optimistic about pods it had not yet
-// observed, the first A10G to show a TTFT kept every request (64 of 64;
-// P50 596 ms, P99 3.4 s against least-outstanding's 37 ms and 867 ms).
-// The goal, P50 and P99 both no worse than least-outstanding's,
-// is logged, not asserted: P99 is about equal (both are an A10G's
-// uncached prefill) and P50 is worse (Meridian sends a group to an A10G
-// that holds its prefix, where least-outstanding's H100s soon hold every
-// group); docs/tuning.md records the figures.
+// What it asserts: the A10Gs take at most an eighth of Meridian's
+// requests. At 8 requests a second an H100 answers a cached prompt in
+// about 10 ms and an uncached one in about 70 ms, an A10G in 40 ms and
+// 800 ms: a slower pod should take a request only when it would answer
+// sooner, which here is never once each pod has been tried. Before the
+// simulated pods sent the chat role chunk with the first token, as vLLM
+// does, the proxy timed it at once: every pod's latency model learned a
+// TTFT of a few milliseconds, the A10Gs looked as fast as the H100s and
+// took 30 of 64 requests, the groups whose prefix they held (P50 37 ms
+// against least-outstanding's 9 ms); earlier still, the first A10G to
+// answer took all 64. The goal, P50 and P99 both no worse than
+// least-outstanding's, is logged, not asserted (speed is shown, not
+// asserted); docs/tuning.md records the figures.
 //
 // The pods run in real time (model time = wall time), so the figures are
 // wall-clock.
@@ -70,7 +74,7 @@ func TestLiveAgainstLeastOutstanding(t *testing.T) {
 			}})
 		jobs[i] = job{at: time.Duration(i) * gap, body: string(b)}
 	}
-	// run returns the sorted TTFTs and the most requests one pod served.
+	// run returns the sorted TTFTs and how many requests the A10Gs served.
 	run := func(t *testing.T, front func(t *testing.T, pods []*sim.LivePod) string) ([]time.Duration, int) {
 		pods := append(startLivePods(t, "h100", 2), startLivePods(t, "a10g", 2)...)
 		base := front(t, pods)
@@ -93,7 +97,7 @@ func TestLiveAgainstLeastOutstanding(t *testing.T) {
 				t.Fatalf("request %d: %v", i, err)
 			}
 		}
-		most := 0
+		slow := 0
 		per := map[string][]time.Duration{}
 		for i, addr := range served {
 			per[addr] = append(per[addr], ttfts[i])
@@ -106,19 +110,21 @@ func TestLiveAgainstLeastOutstanding(t *testing.T) {
 				med = d[len(d)/2]
 			}
 			t.Logf("  %s: %d requests, median TTFT %v", lp.Name(), len(d), med.Round(time.Millisecond))
-			most = max(most, len(d))
+			if strings.HasPrefix(lp.Name(), "a10g") {
+				slow += len(d)
+			}
 		}
 		t.Logf("%d requests in %v", len(jobs), time.Since(start).Round(time.Millisecond))
 		slices.Sort(ttfts)
-		return ttfts, most
+		return ttfts, slow
 	}
 	q := func(d []time.Duration, f float64) time.Duration { return d[int(f*float64(len(d)-1)+0.5)] }
 	lor, _ := run(t, leastOutstandingFront)
-	mer, most := run(t, meridianFront)
+	mer, slow := run(t, meridianFront)
 	t.Logf("least-outstanding: TTFT P50 %v P99 %v", q(lor, .5).Round(time.Millisecond), q(lor, .99).Round(time.Millisecond))
 	t.Logf("meridian:          TTFT P50 %v P99 %v", q(mer, .5).Round(time.Millisecond), q(mer, .99).Round(time.Millisecond))
-	if most > requests/2 {
-		t.Errorf("meridian sent %d of %d requests to one pod, want at most half", most, requests)
+	if slow > requests/8 {
+		t.Errorf("meridian sent %d of %d requests to the A10Gs, want at most an eighth", slow, requests)
 	}
 }
 
