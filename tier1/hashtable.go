@@ -7,14 +7,13 @@ import "math/bits"
 // It is an open-addressing table with linear probing and backward-shift
 // deletion, one per stripe, under the stripe's lock.
 //
-// A slot is 2 + W words: the chain's head node plus one (0 marks an empty
-// slot) and a 32-bit tag of the hash, then how many dispatches have sent
-// the block since it entered the table (its reuse, for the scheduler's
-// amortised prefix credit), then the W-word bitmap (slots 0..64W−1). With
-// the bitmap in the slot a match settles each block with one load, without
-// touching a node or walking a chain: a system prompt held by every pod of
-// a 64-pod pool costs one slot, not 64 links. With 64 pods or fewer a slot
-// is 24 bytes, at a load between 1/2 and 3/4 (1/4 after many deletions).
+// A slot is 1 + W words: the chain's head node plus one (0 marks an empty
+// slot) and a 32-bit tag of the hash, then the W-word bitmap (slots
+// 0..64W−1). With the bitmap in the slot a match settles each block with
+// one load, without touching a node or walking a chain: a system prompt
+// held by every pod of a 64-pod pool costs one slot, not 64 links. With 64
+// pods or fewer a slot is 16 bytes, at a load between 1/2 and 3/4 (1/4
+// after many deletions).
 //
 // Writers confirm a tag against the head node's hash. A match trusts the
 // tag (32 bits, plus the stripe's 4): two blocks of a stripe whose tags
@@ -23,7 +22,7 @@ import "math/bits"
 // a cache miss a block.
 type blockTable struct {
 	w      []uint64 // slot i at w[i*stride:(i+1)*stride]
-	stride int      // 2 + bitmap words
+	stride int      // 1 + bitmap words
 	slots  uint64   // number of slots
 	n      int      // entries
 }
@@ -54,11 +53,7 @@ func (t *blockTable) next(i uint64) uint64 {
 }
 
 // words is how many bitmap words the table has.
-func (t *blockTable) words() int { return max(0, t.stride-slotHeader) }
-
-// slotHeader is the words of a slot before its bitmap: tag and head, and
-// the dispatch count.
-const slotHeader = 2
+func (t *blockTable) words() int { return max(0, t.stride-1) }
 
 func (t *blockTable) size() int {
 	if t.w == nil {
@@ -104,21 +99,10 @@ func (t *blockTable) findTag(h uint64) int {
 
 // bits returns word k of slot i's bitmap (0 past the table's width).
 func (t *blockTable) bits(i, k int) uint64 {
-	if k >= t.stride-slotHeader {
+	if k >= t.stride-1 {
 		return 0
 	}
-	return t.w[i*t.stride+slotHeader+k]
-}
-
-// sent returns how many dispatches have sent slot i's block since it
-// entered the table (bump).
-func (t *blockTable) sent(i int) uint64 { return t.w[i*t.stride+1] }
-
-// bump counts one more dispatch of h, if the table holds it.
-func (t *blockTable) bump(h uint64, x *PrefixIndex) {
-	if i := t.find(h, x); i >= 0 {
-		t.w[i*t.stride+1]++
-	}
+	return t.w[i*t.stride+1+k]
 }
 
 func (t *blockTable) head(i int) int32 {
@@ -169,13 +153,13 @@ func (t *blockTable) add(h uint64, node, pod int32, x *PrefixIndex) {
 		s := t.w[int(i)*t.stride:]
 		if s[0] == 0 {
 			s[0] = uint64(tag)<<32 | uint64(node+1)
-			s[slotHeader+pod>>6] = 1 << (pod & 63)
+			s[1+pod>>6] = 1 << (pod & 63)
 			t.n++
 			return
 		}
 		if uint32(s[0]>>32) == tag && x.node(int32(uint32(s[0]))-1).hash == h {
 			s[0] = uint64(tag)<<32 | uint64(node+1)
-			s[slotHeader+pod>>6] |= 1 << (pod & 63)
+			s[1+pod>>6] |= 1 << (pod & 63)
 			return
 		}
 	}
@@ -191,7 +175,7 @@ func (t *blockTable) removeAt(i int, pod, head int32, x *PrefixIndex) {
 	}
 	s := t.w[i*t.stride:]
 	s[0] = s[0]&^(1<<32-1) | uint64(head+1)
-	s[slotHeader+pod>>6] &^= 1 << (pod & 63)
+	s[1+pod>>6] &^= 1 << (pod & 63)
 }
 
 // del empties slot i, pulling later members of its probe run into the hole
@@ -219,8 +203,8 @@ func (t *blockTable) del(i uint64, x *PrefixIndex) {
 // bitmap words.
 func (t *blockTable) resize(size, words int) {
 	old := *t
-	t.w = make([]uint64, size*(slotHeader+words))
-	t.stride = slotHeader + words
+	t.w = make([]uint64, size*(1+words))
+	t.stride = 1 + words
 	t.slots = uint64(size)
 	for i := range old.size() {
 		s := old.w[i*old.stride : (i+1)*old.stride]

@@ -129,7 +129,6 @@ type podEntries struct {
 	// Scratch for add, under mu.
 	found  []int32 // per block of the event: its node, or nilNode
 	fresh  []bool  // per block: the node was made by this add
-	newer  []bool  // per block: its entry was made or restamped by this add
 	byRank []int32 // block (or evicted node) positions grouped by stripe
 	gone   []int32 // nodes to free
 	sink   uint32  // keeps the prefetching loads
@@ -340,8 +339,6 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	}
 
 	// Pass 2: stamps and list order, in block order.
-	p.newer = grow(p.newer, n)
-	clear(p.newer)
 	hint := int32(nilNode)
 	leading := true
 	for i := range hashes {
@@ -359,31 +356,12 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 		case !existed:
 			x.insert(p, j, hint)
 			p.n++
-			p.newer[i] = true
 		case s > nd.stamp:
 			x.unlink(p, j)
 			nd.stamp = s
 			x.insert(p, j, hint)
-			p.newer[i] = true
 		}
 		hint = j
-	}
-
-	// Count the dispatch in the slot of every block it entered or
-	// restamped: how often a prefix has been sent is what the scheduler
-	// amortises a prefill over (blockTable.sent). An event applied again
-	// (replicas may repeat one) restamps nothing and is not counted twice;
-	// a late event older than the endpoint's entry is not counted at all,
-	// an undercount the estimate can bear.
-	for run := range stripeRuns(p.byRank) {
-		st := &x.stripes[stripeOf(hashes[run[0]])]
-		st.mu.Lock()
-		for _, i := range run {
-			if p.newer[i] {
-				st.table.bump(hashes[i], x)
-			}
-		}
-		st.mu.Unlock()
 	}
 
 	// Passes 3 and 4: evict beyond capacity.
@@ -606,11 +584,7 @@ func (x *PrefixIndex) removePod(slot int32) {
 type matchScratch struct {
 	byRank []int32  // block positions grouped by stripe
 	held   []uint64 // per block, its bitmap's words
-	// sent is, per block, how many dispatches have sent it since it
-	// entered the index (0 when no endpoint holds it): filled for every
-	// block of the match.
-	sent []uint64
-	sink uint32 // keeps the prefetching loads
+	sink   uint32   // keeps the prefetching loads
 }
 
 // match counts, for every endpoint slot, the leading blocks of hashes it
@@ -620,7 +594,7 @@ type matchScratch struct {
 // (Meridian). Without, the scan stops at the first block no endpoint
 // holds and every holder of each earlier block counts it (GIE's
 // matchLongestPrefix). It returns the number of blocks scanned that some
-// endpoint held. It also fills sc.sent for every block.
+// endpoint held.
 //
 // It reads every block's bitmap first, one stripe at a time (one read
 // lock a stripe, not a block, so that decisions on other cores, whose
@@ -635,7 +609,6 @@ func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool, s
 		return 0
 	}
 	sc.held = grow(sc.held, n*nw)
-	sc.sent = grow(sc.sent, n)
 	sc.byRank = groupByStripe(sc.byRank, n, func(i int) (int32, bool) {
 		return stripeOf(hashes[i]), true
 	})
@@ -647,10 +620,6 @@ func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool, s
 		}
 		for _, i := range run {
 			k := st.table.findTag(hashes[i])
-			sc.sent[i] = 0
-			if k >= 0 {
-				sc.sent[i] = st.table.sent(k)
-			}
 			for w := range nw {
 				v := uint64(0)
 				if k >= 0 {

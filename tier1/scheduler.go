@@ -490,12 +490,6 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 			maxHit = max(maxHit, sc.counts[ep.slot])
 		}
 	}
-	// Meridian may price a prefix that some candidate holds and another
-	// lacks by its reuse (movePrefix); GIE counts only what each holds.
-	var mv prefixMove
-	if needPrefix && !s.gie && maxHit > 0 {
-		mv = s.movePrefix(req, sc, int(maxHit))
-	}
 
 	// GIE's min–max load scorers need the extremes over the candidates.
 	var minQ, maxQ, minR, maxR int
@@ -537,11 +531,7 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 		var p [numScorers]float64
 		hit := 0.0
 		if needPrefix && total > 0 {
-			held := sc.counts[ep.slot]
-			hit = float64(held) / total
-			if held < maxHit && mv.pays(ep, float64(req.PromptTokens)*(1-hit)) {
-				hit += float64(maxHit-held) / total * mv.share
-			}
+			hit = float64(sc.counts[ep.slot]) / total
 		}
 		if all || w[Queue] > 0 {
 			if s.gie {
@@ -603,84 +593,6 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 		}
 	}
 	return nil
-}
-
-// prefixMove is one decision's view of moving a shared prefix: whether a
-// candidate that lacks the prefix some candidate holds should be priced as
-// if it held part of it (prefixMove.pays), and which part.
-//
-// Why: caching is an investment, and comparing this one request's first
-// token alone is myopic about it. A shared system prompt held by a slower
-// pod makes that pod predicted sooner for the next request of its group
-// than a faster pod that must prefill it once (live, an A10G at 40 ms
-// cached against an H100 at 70 ms uncached and 10 ms cached); chosen so,
-// the slower pod keeps the group, though one uncached prefill on the
-// faster pod would make the group's later requests faster. The move pays
-// when the time the faster pod saves each later request, unloaded and
-// with the prefix cached on both (so a speed that lasts, not a queue that
-// drains), times the later requests expected, exceeds the prefill the
-// move costs once. The later requests are estimated from the prefix's
-// past (the index counts the dispatches of each block): a prefix sent k
-// times has been reused k − 1 times and, knowing nothing else of the
-// group, as many more reuses are as likely as not (Lindy's rule). When it
-// pays, this request bears 1/k of the prefill and the lacking blocks
-// count as (k − 1)/k cached, for the prefix scorer and in the predicted
-// latency's uncached tokens; the queues are then compared as usual, so a
-// slower pod takes the group's requests only when it would answer sooner
-// than a faster one, queue included. A prefix seen once (a conversation's
-// previous turn) is never moved so, and between pods of one speed the
-// saving is nil and the rule does nothing: placement is as before.
-type prefixMove struct {
-	reuses float64 // later requests expected (k − 1); 0: no move pays
-	share  float64 // the share of a lacking block counted as cached
-	best   float64 // the best holder's unloaded cached prediction (s)
-	warm   float64 // the prompt's uncached tokens where the prefix is cached
-	others bool    // some candidate's latency model has observations
-}
-
-// movePrefix sizes the move of the first maxHit blocks of req, which some
-// candidate holds: the best unloaded cached prediction among the
-// candidates holding all of them, and the reuse of the deepest one.
-func (s *Scheduler) movePrefix(req *Request, sc *scratch, maxHit int) prefixMove {
-	k := sc.match.sent[maxHit-1]
-	if k < 2 || len(req.Hashes) == 0 {
-		return prefixMove{}
-	}
-	mv := prefixMove{
-		reuses: float64(k - 1),
-		share:  float64(k-1) / float64(k),
-		best:   math.Inf(1),
-		warm:   float64(req.PromptTokens) * (1 - float64(maxHit)/float64(len(req.Hashes))),
-	}
-	for _, ep := range sc.cands {
-		if ep.latency.coef.Load() != nil {
-			mv.others = true
-			break
-		}
-	}
-	for _, ep := range sc.cands {
-		if int(sc.counts[ep.slot]) == maxHit {
-			x := latencyFeatures(0, 0, mv.warm, 0)
-			mv.best = min(mv.best, ep.latency.predict(&x, mv.others))
-		}
-	}
-	return mv
-}
-
-// pays reports whether moving the prefix to ep, which would prefill
-// uncached tokens now, pays back over the later requests: ep must have
-// shown first tokens (an unobserved pod's speed is a guess) and its
-// unloaded cached prediction must beat the best holder's by more than the
-// one-time prefill spread over the reuses expected.
-func (mv *prefixMove) pays(ep *Endpoint, uncached float64) bool {
-	if mv.reuses == 0 || ep.latency.coef.Load() == nil {
-		return false
-	}
-	warm := latencyFeatures(0, 0, mv.warm, 0)
-	cold := latencyFeatures(0, 0, uncached, 0)
-	tWarm := ep.latency.predict(&warm, mv.others)
-	once := max(ep.latency.predict(&cold, mv.others)-tWarm, 0)
-	return mv.reuses*(mv.best-tWarm) > once
 }
 
 // clamp01 limits a score to [0, 1], NaN (a server exporting NaN) to 0.
