@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -263,9 +264,12 @@ func TestLiveFaults(t *testing.T) {
 	// A hung pod accepts the request and makes no progress until the
 	// hang is lifted.
 	putFaults(t, lp, `{"hang":true}`)
+	// The response headers are sent once the request is queued, and
+	// NewStreaming returns with them; the role chunk, as vLLM's, comes
+	// only with the first token.
 	stream = c.Chat.Completions.NewStreaming(ctx, chat)
-	if !stream.Next() { // the role chunk is sent once the request is queued
-		t.Fatalf("hung stream: %v", stream.Err())
+	if err := stream.Err(); err != nil {
+		t.Fatalf("hung stream: %v", err)
 	}
 	if m := lp.Metrics(); m.Waiting != 1 || m.GenerationTokens != 3 {
 		t.Errorf("while hung: %+v, want 1 waiting and only the 3 crashed tokens generated", m)
@@ -564,5 +568,32 @@ func TestLabelMetrics(t *testing.T) {
 	if pods, err := StartFleet(context.Background(), bad, PodSpec{LabelMetrics: true}); err == nil {
 		pods[0].Close()
 		t.Error("a label name Prometheus rejects was accepted")
+	}
+}
+
+// TestLiveRoleChunkComesWithFirstToken: a streamed chat answer sends its
+// headers once the request is queued, but no event before the first
+// token; vLLM emits the role chunk on the engine's first output. A proxy
+// times the first body byte as the time to first token (Tier-1's latency
+// model learns from it): with the role chunk sent at once, every pod
+// looked as fast as a cached H100 to it. The pod is stopped while the
+// request is hung before its first token, so whatever the client read
+// was sent before any token.
+func TestLiveRoleChunkComesWithFirstToken(t *testing.T) {
+	lp := startLive(t, PodSpec{}, 1)[0]
+	putFaults(t, lp, `{"hang":true}`)
+	body := `{"model":"` + testModel + `","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hello"}]}`
+	resp, err := http.Post(lp.URL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %s", resp.Status)
+	}
+	lp.Close()
+	got, _ := io.ReadAll(resp.Body) // the connection drops: an error is expected
+	if len(got) != 0 {
+		t.Errorf("before the first token the stream sent %q, want nothing", got)
 	}
 }

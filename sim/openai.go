@@ -376,13 +376,15 @@ func (lp *LivePod) stream(w http.ResponseWriter, r *http.Request, req *request, 
 		}
 		return rc.Flush()
 	}
-	if req.chat {
-		send(choice("", nil, true), nil)
-		if flush() != nil {
-			lp.cancel(lr)
-			return
-		}
+	// The headers go at once (vLLM's server, Starlette, sends them before
+	// the first engine output), the chat role chunk with the first token:
+	// vLLM emits it on the engine's first output, so a proxy timing the
+	// first body byte measures the time to first token.
+	if rc.Flush() != nil {
+		lp.cancel(lr)
+		return
 	}
+	role := req.chat
 	sent := 0
 	var chunkBuf [512]byte
 	for {
@@ -390,6 +392,10 @@ func (lp *LivePod) stream(w http.ResponseWriter, r *http.Request, req *request, 
 			return
 		}
 		tokens, done, out := lp.progress(lr)
+		if role && tokens > 0 {
+			send(choice("", nil, true), nil)
+			role = false
+		}
 		if tokens > sent {
 			// The chunk every step sends, encoded without reflection
 			// (json.Marshal of its maps was most of a simulated pod's

@@ -32,15 +32,21 @@ import (
 // fewest requests in flight, ties broken at random). Each run has fresh
 // pods. TTFT is measured by the client (time to the first streamed token).
 //
-// What it asserts: no pod takes more than half of Meridian's requests.
-// Before the latency model was optimistic about pods it had not yet
-// observed, the first A10G to show a TTFT kept every request (64 of 64;
-// P50 596 ms, P99 3.4 s against least-outstanding's 37 ms and 867 ms).
-// The issue's goal, P50 and P99 both no worse than least-outstanding's,
-// is logged, not asserted: P99 is about equal (both are an A10G's
-// uncached prefill) and P50 is worse (Meridian sends a group to an A10G
-// that holds its prefix, where least-outstanding's H100s soon hold every
-// group); docs/tuning.md records the figures.
+// What it asserts: what Meridian's latency models learned in the run.
+// An A10G prefills about eleven times slower than an H100, and each
+// A10G's learned price of 1,000 uncached tokens must be at least twice
+// every H100's. Before the simulated pods sent the chat role chunk with
+// the first token, as vLLM does, the proxy timed it at once: every pod
+// learned a TTFT of a few milliseconds (an A10G that had taken 835 ms to
+// answer priced 1,000 tokens at 26 ms, the H100s at 18–31 ms), the A10Gs
+// looked as fast as the H100s and took 30 of 64 requests, the groups
+// whose prefix they held (P50 37 ms against least-outstanding's 9 ms);
+// earlier still, the first A10G to answer took all 64. The issue's goal,
+// P50 and P99 both no worse than least-outstanding's, is logged, not
+// asserted (speed is shown, not asserted); docs/tuning.md records the
+// figures, and that a group can still stay on the A10G that first
+// prefilled its prompt (the prefix score's bonus outweighing the latency
+// score's preference for an H100), 5 runs in 13.
 //
 // The pods run in real time (model time = wall time), so the figures are
 // wall-clock.
@@ -70,7 +76,7 @@ func TestLiveAgainstLeastOutstanding(t *testing.T) {
 			}})
 		jobs[i] = job{at: time.Duration(i) * gap, body: string(b)}
 	}
-	// run returns the sorted TTFTs and the most requests one pod served.
+	// run returns the sorted TTFTs and how many requests the A10Gs served.
 	run := func(t *testing.T, front func(t *testing.T, pods []*sim.LivePod) string) ([]time.Duration, int) {
 		pods := append(startLivePods(t, "h100", 2), startLivePods(t, "a10g", 2)...)
 		base := front(t, pods)
@@ -93,7 +99,7 @@ func TestLiveAgainstLeastOutstanding(t *testing.T) {
 				t.Fatalf("request %d: %v", i, err)
 			}
 		}
-		most := 0
+		slow := 0
 		per := map[string][]time.Duration{}
 		for i, addr := range served {
 			per[addr] = append(per[addr], ttfts[i])
@@ -106,19 +112,42 @@ func TestLiveAgainstLeastOutstanding(t *testing.T) {
 				med = d[len(d)/2]
 			}
 			t.Logf("  %s: %d requests, median TTFT %v", lp.Name(), len(d), med.Round(time.Millisecond))
-			most = max(most, len(d))
+			if strings.HasPrefix(lp.Name(), "a10g") {
+				slow += len(d)
+			}
 		}
 		t.Logf("%d requests in %v", len(jobs), time.Since(start).Round(time.Millisecond))
 		slices.Sort(ttfts)
-		return ttfts, most
+		return ttfts, slow
 	}
 	q := func(d []time.Duration, f float64) time.Duration { return d[int(f*float64(len(d)-1)+0.5)] }
 	lor, _ := run(t, leastOutstandingFront)
-	mer, most := run(t, meridianFront)
+	var gw *gateway.Gateway
+	profile := map[string]string{} // pod address → profile
+	mer, slow := run(t, func(t *testing.T, pods []*sim.LivePod) string {
+		for _, lp := range pods {
+			profile[lp.Addr()], _, _ = strings.Cut(lp.Name(), "-")
+		}
+		url, g := meridianGateway(t, pods)
+		gw = g
+		return url
+	})
 	t.Logf("least-outstanding: TTFT P50 %v P99 %v", q(lor, .5).Round(time.Millisecond), q(lor, .99).Round(time.Millisecond))
-	t.Logf("meridian:          TTFT P50 %v P99 %v", q(mer, .5).Round(time.Millisecond), q(mer, .99).Round(time.Millisecond))
-	if most > requests/2 {
-		t.Errorf("meridian sent %d of %d requests to one pod, want at most half", most, requests)
+	t.Logf("meridian:          TTFT P50 %v P99 %v, %d requests to the A10Gs", q(mer, .5).Round(time.Millisecond), q(mer, .99).Round(time.Millisecond), slow)
+	price := map[string][]float64{} // profile → each pod's learned price of 1,000 uncached tokens
+	for _, v := range gw.Pools() {
+		for _, ep := range v.Pool.Endpoints() {
+			pr := tier1.PrefillSeconds([]*tier1.Endpoint{ep}, 1000)
+			price[profile[ep.Address]] = append(price[profile[ep.Address]], pr)
+		}
+	}
+	t.Logf("learned prefill of 1,000 tokens: h100 %.3f s, a10g %.3f s", price["h100"], price["a10g"])
+	if len(price["h100"]) != 2 || len(price["a10g"]) != 2 {
+		t.Fatalf("prices by profile %v, want two pods of each", price)
+	}
+	if slices.Min(price["a10g"]) < 2*slices.Max(price["h100"]) {
+		t.Errorf("an A10G priced 1,000 uncached tokens at %.3f s, less than twice an H100's %.3f s: its latency model did not learn its slower prefill",
+			slices.Min(price["a10g"]), slices.Max(price["h100"]))
 	}
 }
 
@@ -135,10 +164,11 @@ func startLivePods(t *testing.T, profile string, k int) []*sim.LivePod {
 	}, k)
 }
 
-// meridianFront is Tier-1's proxy as `meridian tier1` runs it, with the
+// meridianGateway is Tier-1's proxy as `meridian tier1` runs it, with the
 // shipped defaults: a scheduler that names no weights, the binary's
-// --scrape-interval (50 ms) and --max-metrics-age (1 s).
-func meridianFront(t *testing.T, pods []*sim.LivePod) string {
+// --scrape-interval (50 ms) and --max-metrics-age (1 s). It returns the
+// proxy's URL and its gateway.
+func meridianGateway(t *testing.T, pods []*sim.LivePod) (string, *gateway.Gateway) {
 	eps := make([]testkit.Endpoint, len(pods))
 	for i, lp := range pods {
 		eps[i] = testkit.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: lp.Addr(), Pool: "chat"}
@@ -166,7 +196,7 @@ func meridianFront(t *testing.T, pods []*sim.LivePod) string {
 		}
 		return true
 	})
-	return srv.URL
+	return srv.URL, gw
 }
 
 // leastOutstandingFront balances by least outstanding requests (ALB's
