@@ -66,17 +66,23 @@ func snapshot(tb testing.TB, pods map[string][]*sim.LivePod) *config.Snapshot {
 	return testkit.Snapshot(tb, 1, gatewayYAML+testkit.StaticEndpoints(testkit.PodEndpoints(pods)...))
 }
 
-func newPlatform(tb testing.TB, srv *extproc.Server, scale float64) *platform {
+// newPlatform starts the pods, a gateway (edited by the with functions,
+// if any) and srv in front of it.
+func newPlatform(tb testing.TB, srv *extproc.Server, scale float64, with ...func(*gateway.Config)) *platform {
 	tb.Helper()
 	p := &platform{pods: map[string][]*sim.LivePod{}}
 	p.pods["chat"] = startPods(tb, "h100", "chat-model", nil, 3, scale)
 	p.pods["lora"] = startPods(tb, "a10g", "base-8b", []string{"adapter-a", "adapter-b"}, 2, scale)
-	gw, err := gateway.New(gateway.Config{
+	cfg := gateway.Config{
 		Cluster: "c1",
 		Logger:  quiet,
 		Scrape:  scrape.Config{Interval: 20 * time.Millisecond},
 		Options: tier1.Options{MaxMetricsAge: time.Second},
-	}, snapshot(tb, p.pods))
+	}
+	for _, f := range with {
+		f(&cfg)
+	}
+	gw, err := gateway.New(cfg, snapshot(tb, p.pods))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -15,8 +15,9 @@
 // shape: 400 (bad body), 404 (unknown model), 413 (body too large), 429,
 // 503 (no endpoint, or none in the proxy's subset hint).
 //
-// It then follows the response: the response headers are the first byte
-// (TTFT feeds the latency model), the served endpoint is read back from
+// It then follows the response: the first response body chunk is the
+// first token (TTFT feeds the latency model; the response headers when
+// the body is not streamed to the picker), the served endpoint is read back from
 // envoy.lb → x-gateway-destination-endpoint-served (or the response header
 // of that name) so a fallback is accounted to the pod that served, and the
 // end of the response body, trailers or stream ends the request.
@@ -487,7 +488,9 @@ func (f *flow) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.Ht
 				}
 			}
 		}
-		f.att.FirstByte()
+		if h.GetEndOfStream() || !f.bodySeen() {
+			f.att.FirstByte()
+		}
 	}
 	if h.GetEndOfStream() {
 		f.end(false)
@@ -497,6 +500,9 @@ func (f *flow) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.Ht
 }
 
 func (f *flow) responseBody(b *extprocv3.HttpBody) error {
+	if f.att != nil && (len(b.GetBody()) > 0 || b.GetEndOfStream()) {
+		f.att.FirstByte() // once; see bodySeen
+	}
 	if b.GetEndOfStream() {
 		f.end(false)
 	}
@@ -508,6 +514,18 @@ func (f *flow) responseBody(b *extprocv3.HttpBody) error {
 	return f.sendChunks(b.GetBody(), b.GetEndOfStream(), func(c *extprocv3.BodyResponse) *extprocv3.ProcessingResponse {
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: c}}
 	})
+}
+
+// bodySeen says whether the response body comes through the picker as
+// it streams, so that its first chunk, not the headers, is the first
+// token. vLLM answers a stream's headers as soon as the request is
+// queued, before prefill, and sends the first event with the first
+// token: timed at the headers, every pod's latency model would learn a
+// TTFT of a few milliseconds whatever its speed (the simulated pods do
+// the same, TestFirstTokenAtFirstBodyChunk). In the buffered modes the
+// body arrives whole at the end, so the headers are the better time.
+func (f *flow) bodySeen() bool {
+	return f.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED || f.respMode == filterv3.ProcessingMode_STREAMED
 }
 
 // sendChunks sends data back as streamed body responses of at most

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -508,4 +510,70 @@ func TestUnexpectedSequences(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestFirstTokenAtFirstBodyChunk: with the response body streamed to the
+// picker, the TTFT it reports is timed at the first body chunk, not at
+// the response headers, which vLLM sends for a stream before prefill.
+// The gateway's clock is a fake one, advanced between the headers and the
+// first event; in a buffered response mode the headers stay the time.
+func TestFirstTokenAtFirstBodyChunk(t *testing.T) {
+	for _, tc := range []struct {
+		mode filterv3.ProcessingMode_BodySendMode
+		want float64 // seconds
+	}{
+		{filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, 0.4},
+		{filterv3.ProcessingMode_BUFFERED, 0},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			clock := testkit.NewClock(time.Now())
+			reg := prometheus.NewRegistry()
+			p := newPlatform(t, nil, 1000, func(c *gateway.Config) { c.Now, c.Registerer = clock.Now, reg })
+			pk := p.request(t, t.Context(), call{mode: tc.mode, body: chat("chat-model", "hello", true)})
+			if pk.immediate != nil {
+				t.Fatalf("immediate %d", pk.immediate.GetStatus().GetCode())
+			}
+			hs := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")},
+				{Key: "content-type", RawValue: []byte("text/event-stream")}}}
+			p.sendT(t, pk.stream, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+				ResponseHeaders: &extprocv3.HttpHeaders{Headers: hs}}})
+			p.recvT(t, pk.stream)
+			clock.Advance(400 * time.Millisecond) // prefill
+			for _, chunk := range []string{"data: {\"choices\":[]}\n\n", "data: [DONE]\n\n"} {
+				p.sendT(t, pk.stream, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+					ResponseBody: &extprocv3.HttpBody{Body: []byte(chunk), EndOfStream: strings.Contains(chunk, "DONE")}}})
+				p.recvT(t, pk.stream)
+			}
+			pk.stream.CloseSend()
+			if _, err := pk.stream.Recv(); err != io.EOF {
+				t.Fatalf("stream end: %v", err)
+			}
+			count, sum := ttftObserved(t, reg)
+			if count != 1 || math.Abs(sum-tc.want) > 1e-9 {
+				t.Errorf("TTFT observed %d times, sum %.3f s; want once, %.3f s", count, sum, tc.want)
+			}
+		})
+	}
+}
+
+// ttftObserved reads meridian_tier1_ttft_seconds from reg: how many
+// observations, and their sum.
+func ttftObserved(t *testing.T, reg *prometheus.Registry) (uint64, float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != "meridian_tier1_ttft_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+			sum += m.GetHistogram().GetSampleSum()
+		}
+	}
+	return n, sum
 }
