@@ -71,18 +71,10 @@ func DefaultConfig() Config {
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	if c.MaxQueued <= 0 {
-		c.MaxQueued = d.MaxQueued
-	}
-	if c.MaxQueuedBytes <= 0 {
-		c.MaxQueuedBytes = d.MaxQueuedBytes
-	}
-	if c.StandardMaxWait <= 0 {
-		c.StandardMaxWait = d.StandardMaxWait
-	}
-	if c.CriticalMaxWait <= 0 {
-		c.CriticalMaxWait = d.CriticalMaxWait
-	}
+	c.MaxQueued = positiveOr(c.MaxQueued, d.MaxQueued)
+	c.MaxQueuedBytes = positiveOr(c.MaxQueuedBytes, d.MaxQueuedBytes)
+	c.StandardMaxWait = positiveOr(c.StandardMaxWait, d.StandardMaxWait)
+	c.CriticalMaxWait = positiveOr(c.CriticalMaxWait, d.CriticalMaxWait)
 	switch {
 	case c.CriticalReserve == 0:
 		c.CriticalReserve = d.CriticalReserve
@@ -91,10 +83,16 @@ func (c Config) withDefaults() Config {
 	case c.CriticalReserve > 1:
 		c.CriticalReserve = 1
 	}
-	if c.RetryAfter <= 0 {
-		c.RetryAfter = d.RetryAfter
-	}
+	c.RetryAfter = positiveOr(c.RetryAfter, d.RetryAfter)
 	return c
+}
+
+// positiveOr is d when v is zero or negative (a field left unset), else v.
+func positiveOr[T ~int | ~int64 | ~float64](v, d T) T {
+	if v <= 0 {
+		return d
+	}
+	return v
 }
 
 // Request is what admission needs to know about one request.

@@ -56,15 +56,9 @@ func GIEThresholds() Thresholds {
 // DefaultThresholds (StaleIsSaturated is kept as it is).
 func (t Thresholds) WithDefaults() Thresholds {
 	d := DefaultThresholds()
-	if t.Queue <= 0 {
-		t.Queue = d.Queue
-	}
-	if t.KVCache <= 0 {
-		t.KVCache = d.KVCache
-	}
-	if t.StaleAfter <= 0 {
-		t.StaleAfter = d.StaleAfter
-	}
+	t.Queue = positiveOr(t.Queue, d.Queue)
+	t.KVCache = positiveOr(t.KVCache, d.KVCache)
+	t.StaleAfter = positiveOr(t.StaleAfter, d.StaleAfter)
 	return t
 }
 

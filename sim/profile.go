@@ -121,35 +121,28 @@ func builtinProfiles() map[string]Profile {
 		MaxModelLen:      131072,
 		MaxLoRAs:         4,
 	}
-	h100 := base
-	h100.Name, h100.GPU = "h100", "NVIDIA H100 SXM5 80GB"
-	h100.PeakFLOPS, h100.MFU = 989e12, 0.5
-	h100.MemBandwidth = 3.35e12
-	h100.NumGPUBlocks = kvBlocks(gpuMemory{total: 81559 * mib, reserve: 2e9}, h100.Model, h100.BlockSize)
+	// card is base on one GPU: its peak FLOPS and model FLOPS utilisation,
+	// its memory bandwidth, its memory (which sizes the KV cache) and how
+	// long it takes to load a LoRA adapter.
+	card := func(name, gpu string, peakFLOPS, mfu, bandwidth float64, mem gpuMemory, adapterLoad time.Duration) Profile {
+		p := base
+		p.Name, p.GPU = name, gpu
+		p.PeakFLOPS, p.MFU = peakFLOPS, mfu
+		p.MemBandwidth = bandwidth
+		p.NumGPUBlocks = kvBlocks(mem, p.Model, p.BlockSize)
+		p.AdapterLoadTime = adapterLoad
+		return p
+	}
+	h100 := card("h100", "NVIDIA H100 SXM5 80GB", 989e12, 0.5, 3.35e12,
+		gpuMemory{total: 81559 * mib, reserve: 2e9}, 15*time.Millisecond)
 	h100.MaxNumSeqs, h100.MaxBatchedTokens = 1024, 8192 // vLLM's defaults for ≥70 GiB GPUs other than A100
-	h100.AdapterLoadTime = 15 * time.Millisecond
-
-	a100 := base
-	a100.Name, a100.GPU = "a100", "NVIDIA A100 SXM4 80GB"
-	a100.PeakFLOPS, a100.MFU = 312e12, 0.5
-	a100.MemBandwidth = 2.039e12
-	a100.NumGPUBlocks = kvBlocks(gpuMemory{total: 81920 * mib, reserve: 2e9}, a100.Model, a100.BlockSize)
-	a100.AdapterLoadTime = 20 * time.Millisecond
-
-	l40s := base
-	l40s.Name, l40s.GPU = "l40s", "NVIDIA L40S 48GB"
-	l40s.PeakFLOPS, l40s.MFU = 362e12, 0.45
-	l40s.MemBandwidth = 864e9
-	l40s.NumGPUBlocks = kvBlocks(gpuMemory{total: 46068 * mib, reserve: 1.5e9}, l40s.Model, l40s.BlockSize)
-	l40s.AdapterLoadTime = 25 * time.Millisecond
-
-	a10g := base
-	a10g.Name, a10g.GPU = "a10g", "NVIDIA A10G 24GB (AWS g5)"
-	a10g.PeakFLOPS, a10g.MFU = 125e12, 0.35
-	a10g.MemBandwidth = 600e9
-	a10g.NumGPUBlocks = kvBlocks(gpuMemory{total: 23028 * mib, reserve: 1e9}, a10g.Model, a10g.BlockSize)
+	a100 := card("a100", "NVIDIA A100 SXM4 80GB", 312e12, 0.5, 2.039e12,
+		gpuMemory{total: 81920 * mib, reserve: 2e9}, 20*time.Millisecond)
+	l40s := card("l40s", "NVIDIA L40S 48GB", 362e12, 0.45, 864e9,
+		gpuMemory{total: 46068 * mib, reserve: 1.5e9}, 25*time.Millisecond)
+	a10g := card("a10g", "NVIDIA A10G 24GB (AWS g5)", 125e12, 0.35, 600e9,
+		gpuMemory{total: 23028 * mib, reserve: 1e9}, 40*time.Millisecond)
 	a10g.MaxModelLen = 32768 // the KV cache holds about 35k tokens
-	a10g.AdapterLoadTime = 40 * time.Millisecond
 
 	return map[string]Profile{"h100": h100, "a100": a100, "l40s": l40s, "a10g": a10g}
 }

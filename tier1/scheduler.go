@@ -103,28 +103,24 @@ func (o Options) withDefaults() Options {
 	if o.Fallbacks < 0 {
 		o.Fallbacks = 0
 	}
-	if o.MaxMetricsAge <= 0 {
-		o.MaxMetricsAge = d.MaxMetricsAge
-	}
-	if o.QueueHalf <= 0 {
-		o.QueueHalf = d.QueueHalf
-	}
-	if o.RunningHalf <= 0 {
-		o.RunningHalf = d.RunningHalf
-	}
-	if o.QueueSaturation <= 0 {
-		o.QueueSaturation = d.QueueSaturation
-	}
-	if o.KVSaturation <= 0 {
-		o.KVSaturation = d.KVSaturation
-	}
-	if o.LatencyScale <= 0 {
-		o.LatencyScale = d.LatencyScale
-	}
+	o.MaxMetricsAge = positiveOr(o.MaxMetricsAge, d.MaxMetricsAge)
+	o.QueueHalf = positiveOr(o.QueueHalf, d.QueueHalf)
+	o.RunningHalf = positiveOr(o.RunningHalf, d.RunningHalf)
+	o.QueueSaturation = positiveOr(o.QueueSaturation, d.QueueSaturation)
+	o.KVSaturation = positiveOr(o.KVSaturation, d.KVSaturation)
+	o.LatencyScale = positiveOr(o.LatencyScale, d.LatencyScale)
 	if o.Rand == nil {
 		o.Rand = d.Rand
 	}
 	return o
+}
+
+// positiveOr is d when v is zero or negative (a field left unset), else v.
+func positiveOr[T ~int | ~int64 | ~float64](v, d T) T {
+	if v <= 0 {
+		return d
+	}
+	return v
 }
 
 // Request is what a decision needs to know about one request. The data

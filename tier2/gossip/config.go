@@ -208,24 +208,12 @@ func (c *Config) memberlistConfig() *memberlist.Config {
 	if c.Transport != nil {
 		mc.Transport = c.Transport
 	}
-	if c.GossipInterval > 0 {
-		mc.GossipInterval = c.GossipInterval
-	}
-	if c.GossipNodes > 0 {
-		mc.GossipNodes = c.GossipNodes
-	}
-	if c.PushPullInterval > 0 {
-		mc.PushPullInterval = c.PushPullInterval
-	}
-	if c.ProbeInterval > 0 {
-		mc.ProbeInterval = c.ProbeInterval
-	}
-	if c.StreamTimeout > 0 {
-		mc.TCPTimeout = c.StreamTimeout
-	}
-	if c.ProbeTimeout > 0 {
-		mc.ProbeTimeout = c.ProbeTimeout
-	}
+	override(&mc.GossipInterval, c.GossipInterval)
+	override(&mc.GossipNodes, c.GossipNodes)
+	override(&mc.PushPullInterval, c.PushPullInterval)
+	override(&mc.ProbeInterval, c.ProbeInterval)
+	override(&mc.TCPTimeout, c.StreamTimeout)
+	override(&mc.ProbeTimeout, c.ProbeTimeout)
 	// Membership messages spread like channel broadcasts and miss nodes
 	// just as often; the profiles' 2–4 leaves a 30-node cluster waiting
 	// for push/pull to learn of some joins.
@@ -236,6 +224,14 @@ func (c *Config) memberlistConfig() *memberlist.Config {
 	mc.LogOutput = nil
 	mc.Logger = newLogBridge(c.Logger)
 	return mc
+}
+
+// override sets *dst to v when v is positive; zero (or less) keeps the
+// profile's value.
+func override[T int | time.Duration](dst *T, v T) {
+	if v > 0 {
+		*dst = v
+	}
 }
 
 func (c *Config) reconnectInterval() time.Duration {
