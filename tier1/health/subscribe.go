@@ -7,11 +7,10 @@ import (
 
 	expbackoff "github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
 	"github.com/meridian-router/meridian/internal/loop"
+	"github.com/meridian-router/meridian/internal/redial"
 )
 
 // SubscribeOption tunes Subscribe.
@@ -64,15 +63,7 @@ func Subscribe(ctx context.Context, addr string, fn func(*tier1v1.ClusterDigest)
 		c.minBackoff = 100 * time.Millisecond
 	}
 	c.maxBackoff = max(c.maxBackoff, c.minBackoff)
-	if c.dialOptions == nil {
-		c.dialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	}
-	// gRPC's own reconnect backoff (1 s growing to 120 s) would otherwise
-	// outlast ours; the caller's options come later and win.
-	c.dialOptions = append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff:           backoff.Config{BaseDelay: c.minBackoff, Multiplier: 2, Jitter: 0.5, MaxDelay: c.maxBackoff},
-		MinConnectTimeout: 2 * time.Second,
-	})}, c.dialOptions...)
+	c.dialOptions = redial.Options(c.minBackoff, c.maxBackoff, c.dialOptions)
 	conn, err := grpc.NewClient(addr, c.dialOptions...)
 	if err != nil {
 		return fmt.Errorf("health: subscribing to %q: %w", addr, err)

@@ -36,13 +36,12 @@ import (
 	expbackoff "github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
 	"github.com/meridian-router/meridian/internal/loop"
+	"github.com/meridian-router/meridian/internal/redial"
 	"github.com/meridian-router/meridian/tier1"
 )
 
@@ -158,15 +157,7 @@ func New(cfg Config) (*Exchange, error) {
 		cfg.MaxBackoff = 5 * time.Second
 	}
 	cfg.MaxBackoff = max(cfg.MaxBackoff, cfg.MinBackoff)
-	if cfg.DialOptions == nil {
-		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	}
-	// gRPC's own reconnect backoff (1 s growing to 120 s by default) would
-	// otherwise outlast ours; options the caller gives come later and win.
-	cfg.DialOptions = append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff:           backoff.Config{BaseDelay: cfg.MinBackoff, Multiplier: 2, Jitter: 0.5, MaxDelay: cfg.MaxBackoff},
-		MinConnectTimeout: 2 * time.Second,
-	})}, cfg.DialOptions...)
+	cfg.DialOptions = redial.Options(cfg.MinBackoff, cfg.MaxBackoff, cfg.DialOptions)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
