@@ -490,50 +490,40 @@ func TestPickers(t *testing.T) {
 	// 0 and 8 at QueueHalf 4) → 75% and 25%.
 	pool, _ = newPool(Metrics{}, Metrics{Waiting: 8})
 	s = newSched(t, pool, config.ScoringMeridian, config.Weights{Queue: 1}, config.PickerWeightedRandom)
-	n0 := 0
-	for range 4000 {
-		got, _ := s.Schedule(&Request{Model: "llama"}, t0, nil)
-		if got[0].ID == "p0" {
-			n0++
-		}
-		if len(got) != 2 || got[0] == got[1] {
-			t.Fatalf("weighted-random: %v", got)
-		}
-	}
-	if f := float64(n0) / 4000; f < 0.72 || f > 0.78 {
+	if f := p0Share(t, s); f < 0.72 || f > 0.78 {
 		t.Errorf("weighted-random: p0 share %.3f, want 0.75", f)
 	}
 	s = newSched(t, pool, config.ScoringMeridian, config.Weights{Queue: 1}, config.PickerRandom)
-	n0 = 0
+	if f := p0Share(t, s); f < 0.47 || f > 0.53 {
+		t.Errorf("random: p0 share %.3f, want 0.5", f)
+	}
+}
+
+// p0Share is the share of 4,000 decisions of s over two pods that put p0
+// first; each decision must rank both pods, each once.
+func p0Share(t *testing.T, s *Scheduler) float64 {
+	t.Helper()
+	n0 := 0
 	for range 4000 {
 		got, _ := s.Schedule(&Request{Model: "llama"}, t0, nil)
+		if len(got) != 2 || got[0] == got[1] {
+			t.Fatalf("%v, want both pods once", got)
+		}
 		if got[0].ID == "p0" {
 			n0++
 		}
 	}
-	if f := float64(n0) / 4000; f < 0.47 || f > 0.53 {
-		t.Errorf("random: p0 share %.3f, want 0.5", f)
-	}
+	return float64(n0) / 4000
 }
 
 func TestLatencyModelLearnsSlowerPod(t *testing.T) {
 	m := Metrics{Waiting: 1, Running: 8}
 	pool, eps := newPool(m, m)
 	s := newSched(t, pool, config.ScoringMeridian, config.Weights{PredictedLatency: 1}, "")
-	r := rand.New(rand.NewPCG(9, 9))
-	for i := range 300 {
-		for j, ep := range eps {
-			tokens := 200 + r.IntN(3000)
-			req := &Request{Model: "llama", PromptTokens: tokens}
-			tk := s.Dispatch(ep, req, t0)
-			// Pod 1 is a card half as fast: the same work takes twice as long.
-			ttft := (0.03 + float64(tokens)/8000) * float64(1+j)
-			tk.FirstToken(time.Duration(ttft * float64(time.Second)))
-			tk.Done()
-			ep.SetMetrics(&Metrics{Waiting: 1, Running: 8, ScrapedAt: t0})
-		}
-		_ = i
-	}
+	learnTTFTs(s, eps, 9, func(pod, tokens int) float64 {
+		// Pod 1 is a card half as fast: the same work takes twice as long.
+		return (0.03 + float64(tokens)/8000) * float64(1+pod)
+	})
 	req := &Request{Model: "llama", PromptTokens: 2000}
 	x := latencyFeatures(1, 8, 2000, 0)
 	p0, p1 := eps[0].latency.predict(&x, true), eps[1].latency.predict(&x, true)
@@ -550,6 +540,23 @@ func TestLatencyModelLearnsSlowerPod(t *testing.T) {
 	}
 }
 
+// learnTTFTs dispatches 300 rounds of one request to each pod of eps, with
+// prompts of 200 to 3,199 tokens drawn from seed, each answered after
+// ttft(pod, tokens) seconds (pod indexes eps), the pods staying at 1
+// waiting and 8 running.
+func learnTTFTs(s *Scheduler, eps []*Endpoint, seed uint64, ttft func(pod, tokens int) float64) {
+	r := rand.New(rand.NewPCG(seed, seed))
+	for range 300 {
+		for j, ep := range eps {
+			tokens := 200 + r.IntN(3000)
+			tk := s.Dispatch(ep, &Request{Model: "llama", PromptTokens: tokens}, t0)
+			tk.FirstToken(time.Duration(ttft(j, tokens) * float64(time.Second)))
+			tk.Done()
+			ep.SetMetrics(&Metrics{Waiting: 1, Running: 8, ScrapedAt: t0})
+		}
+	}
+}
+
 // TestPrefillSecondsNeverFree: a pod whose TTFTs happened to be shorter
 // for longer prompts (noise on a loaded host) learns a negative prefill
 // coefficient; PrefillSeconds prices its prefill with the prior's instead
@@ -560,20 +567,12 @@ func TestPrefillSecondsNeverFree(t *testing.T) {
 	m := Metrics{Waiting: 1, Running: 8}
 	pool, eps := newPool(m, m)
 	s := newSched(t, pool, config.ScoringMeridian, config.Weights{PredictedLatency: 1}, "")
-	r := rand.New(rand.NewPCG(3, 3))
-	for range 300 {
-		for j, ep := range eps {
-			tokens := 200 + r.IntN(3000)
-			tk := s.Dispatch(ep, &Request{Model: "llama", PromptTokens: tokens}, t0)
-			ttft := 0.03 + float64(tokens)/8000 // pod 1: 8k tokens/s prefill
-			if j == 0 {
-				ttft = 0.5 - float64(tokens)/10000 // pod 0: faster the longer the prompt
-			}
-			tk.FirstToken(time.Duration(ttft * float64(time.Second)))
-			tk.Done()
-			ep.SetMetrics(&Metrics{Waiting: 1, Running: 8, ScrapedAt: t0})
+	learnTTFTs(s, eps, 3, func(pod, tokens int) float64 {
+		if pod == 0 {
+			return 0.5 - float64(tokens)/10000 // pod 0: faster the longer the prompt
 		}
-	}
+		return 0.03 + float64(tokens)/8000 // pod 1: 8k tokens/s prefill
+	})
 	if c := eps[0].latency.coef.Load(); c == nil || c[3] >= 0 {
 		t.Fatalf("pod 0 learned %v, want a negative prefill coefficient", c)
 	}

@@ -173,23 +173,22 @@ func TestKubernetesPodLifecycle(t *testing.T) {
 				"ns/b 10.0.0.2 - pool=chat",
 				"ns/d  - pool=chat")
 
-			a.apply(k8sPod("ns", "d", "10.0.0.5", true, chat()))
-			w.expect(t, "pod gets an IP and becomes Ready",
-				"ns/a 10.0.0.1 ready pool=chat",
-				"ns/b 10.0.0.2 - pool=chat",
-				"ns/d 10.0.0.5 ready pool=chat")
-
-			a.apply(k8sPod("ns", "b", "10.0.0.2", true, chat()))
-			w.expect(t, "pod becomes Ready",
-				"ns/a 10.0.0.1 ready pool=chat",
-				"ns/b 10.0.0.2 ready pool=chat",
-				"ns/d 10.0.0.5 ready pool=chat")
-
-			a.apply(k8sPod("ns", "a", "10.0.0.1", false, chat()))
-			w.expect(t, "pod becomes not Ready",
-				"ns/a 10.0.0.1 - pool=chat",
-				"ns/b 10.0.0.2 ready pool=chat",
-				"ns/d 10.0.0.5 ready pool=chat")
+			// Readiness changes, one pod at a time, and the set after each.
+			for _, step := range []struct {
+				what string
+				pod  corev1.Pod
+				want []string
+			}{
+				{"pod gets an IP and becomes Ready", k8sPod("ns", "d", "10.0.0.5", true, chat()),
+					[]string{"ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 - pool=chat", "ns/d 10.0.0.5 ready pool=chat"}},
+				{"pod becomes Ready", k8sPod("ns", "b", "10.0.0.2", true, chat()),
+					[]string{"ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 ready pool=chat", "ns/d 10.0.0.5 ready pool=chat"}},
+				{"pod becomes not Ready", k8sPod("ns", "a", "10.0.0.1", false, chat()),
+					[]string{"ns/a 10.0.0.1 - pool=chat", "ns/b 10.0.0.2 ready pool=chat", "ns/d 10.0.0.5 ready pool=chat"}},
+			} {
+				a.apply(step.pod)
+				w.expect(t, step.what, step.want...)
+			}
 
 			// A change discovery does not look at (a container restart)
 			// must not produce a call: the next call is the deletion.
