@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/regions"
-	"github.com/meridian-router/meridian/tier2/gossip"
 	"github.com/meridian-router/meridian/tier2/gossip/faultnet"
 )
 
@@ -82,12 +81,7 @@ func (c *cluster) spreadDigest(t testing.TB, src int, version uint64) time.Durat
 func TestDigestSurvivesPartition(t *testing.T) {
 	// A digest published on one side of a partition reaches the other side
 	// after the heal through push/pull, while it is still fresh.
-	c := startCluster(t, 4, []string{"a", "b"}, func(cfg *gossip.Config) {
-		cfg.PushPullInterval = 200 * time.Millisecond
-		cfg.ReconnectInterval = 200 * time.Millisecond
-		cfg.ProbeInterval = 100 * time.Millisecond
-		cfg.ProbeTimeout = 50 * time.Millisecond
-	})
+	c := startCluster(t, 4, []string{"a", "b"}, healsFast(200*time.Millisecond))
 	c.net.Partition(faultnet.Region("a"), faultnet.Region("b"))
 	for _, i := range []int{0, 2} { // side a
 		await(t, c.sets[i].WaitMembers(gone(c.names[1], c.names[3])), c.names[i]+" to declare side b dead")
