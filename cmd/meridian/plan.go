@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -26,22 +28,14 @@ of LoRA adapters into a hot-set pool and a long-tail pool (lora). See docs/plann
 }
 
 func newPlanCapacityCmd() *cobra.Command {
-	var inv plan.Invocation
-	cmd := &cobra.Command{
-		Use:   "capacity",
-		Short: "The fewest pods per pool (the cheapest GPU mix) that meet a TTFT SLO at peak",
-		Example: `  meridian plan capacity --trace testdata/traces/AzureLLMInferenceTrace_conv.csv \
+	inv := new(plan.Invocation)
+	cmd := newPlanSubCmd(inv, "capacity", "The fewest pods per pool (the cheapest GPU mix) that meet a TTFT SLO at peak",
+		`  meridian plan capacity --trace testdata/traces/AzureLLMInferenceTrace_conv.csv \
     --fleet deploy/examples/fleets/mixed-h100-a10g.yaml --slo-ttft-p99 2s --peak-scale 4 --out planned.yaml
   meridian plan capacity --from-prometheus http://prometheus:9090 --prometheus-pool chat \
     --fleet fleet.yaml --gpus h100,a100,l40s,a10g --slo-ttft-p99 2s --json`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			inv.Progress = progressLines(cmd)
-			return inv.Capacity(cmd.Context(), cmd.OutOrStdout())
-		},
-	}
+		inv.Capacity)
 	f := cmd.Flags()
-	planFlags(f, &inv)
 	f.StringVar(&inv.Source.Prometheus.URL, "from-prometheus", "", "take the peak rate and length distributions from this Prometheus instead of a trace")
 	f.DurationVar(&inv.Source.Prometheus.Window, "prometheus-window", 0, "how far back Prometheus is searched for the peak (default 24h)")
 	f.DurationVar(&inv.Source.Span, "prometheus-span", 0, "virtual time of the synthetic peak workload (default 10m, at most 20,000 requests)")
@@ -51,22 +45,31 @@ func newPlanCapacityCmd() *cobra.Command {
 }
 
 func newPlanLoRACmd() *cobra.Command {
-	var inv plan.Invocation
-	cmd := &cobra.Command{
-		Use:   "lora",
-		Short: "Split LoRA adapters into a hot-set pool and a long-tail pool, sized and replayed",
-		Example: `  meridian plan lora --trace testdata/traces/AzureLLMInferenceTrace_conv.csv --adapters-from zipf:40,2.3 \
+	inv := new(plan.Invocation)
+	cmd := newPlanSubCmd(inv, "lora", "Split LoRA adapters into a hot-set pool and a long-tail pool, sized and replayed",
+		`  meridian plan lora --trace testdata/traces/AzureLLMInferenceTrace_conv.csv --adapters-from zipf:40,2.3 \
     --fleet deploy/examples/fleets/uniform-h100.yaml --peak-scale 2`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			inv.Progress = progressLines(cmd)
-			return inv.LoRA(cmd.Context(), cmd.OutOrStdout())
-		},
-	}
+		inv.LoRA)
 	f := cmd.Flags()
-	planFlags(f, &inv)
 	f.StringVar(&inv.AdaptersFrom, "adapters-from", "", "adapter popularity: trace, zipf:N,s (SYNTHETIC, e.g. zipf:40,2.3) or a Prometheus URL (Tier-1's requests by model)")
 	f.Float64Var(&inv.HotShare, "hot-share", 0.9, "share of adapter requests the hot set carries")
+	return cmd
+}
+
+// newPlanSubCmd is a `meridian plan` subcommand that runs do, a method of
+// inv, with the flags every plan takes (planFlags) and progress lines.
+func newPlanSubCmd(inv *plan.Invocation, use, short, example string, do func(context.Context, io.Writer) error) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     use,
+		Short:   short,
+		Example: example,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			inv.Progress = progressLines(cmd)
+			return do(cmd.Context(), cmd.OutOrStdout())
+		},
+	}
+	planFlags(cmd.Flags(), inv)
 	return cmd
 }
 

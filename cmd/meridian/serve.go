@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"runtime/debug"
@@ -8,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/meridian-router/meridian/platform"
 )
 
 // defaultGCPercent is the Go garbage collector's target for the proxies
@@ -17,6 +20,26 @@ import (
 // CPU: with 400, Tier-2 spent about 6% less CPU per request in
 // bench/latency (docs/BENCHMARKS.md).
 const defaultGCPercent = 400
+
+// newProxyCmd is the command of one of the proxies (tier1, tier2): no
+// arguments, the configuration source's flags (into source) and
+// --gc-percent (into gcPercent); run starts the proxy once the flags are
+// parsed, with the default logger.
+func newProxyCmd(use, short, long, example string, source *platform.Source, gcPercent *int, run func(context.Context, *slog.Logger) error) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     use,
+		Short:   short,
+		Long:    long,
+		Example: example,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd.Context(), slog.Default())
+		},
+	}
+	registerSource(cmd, source)
+	registerGC(cmd, gcPercent)
+	return cmd
+}
 
 // registerGC adds --gc-percent to a proxy command.
 func registerGC(cmd *cobra.Command, p *int) {

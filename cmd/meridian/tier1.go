@@ -21,22 +21,14 @@ type tier1Flags struct {
 
 func newTier1Cmd() *cobra.Command {
 	var f tier1Flags
-	cmd := &cobra.Command{
-		Use:   "tier1",
-		Short: "Run one cluster's endpoint picker (standalone streaming proxy)",
-		Long: "Tier-1 picks the model-server pod for each request of one cluster. It reads the cluster's\n" +
-			"InferenceGatewayConfig, discovers the pods of every scheduler, scrapes their metrics and\n" +
-			"forwards OpenAI requests to the pod its scorers pick, with fallbacks.",
-		Example: "  meridian tier1 --config deploy/examples --cluster us-east-1a --listen :8080 --metrics :9090",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runTier1(cmd.Context(), f, slog.Default())
-		},
-	}
 	t := &f.tier1
+	cmd := newProxyCmd("tier1", "Run one cluster's endpoint picker (standalone streaming proxy)",
+		"Tier-1 picks the model-server pod for each request of one cluster. It reads the cluster's\n"+
+			"InferenceGatewayConfig, discovers the pods of every scheduler, scrapes their metrics and\n"+
+			"forwards OpenAI requests to the pod its scorers pick, with fallbacks.",
+		"  meridian tier1 --config deploy/examples --cluster us-east-1a --listen :8080 --metrics :9090",
+		&t.Source, &f.gcPercent, func(ctx context.Context, log *slog.Logger) error { return runTier1(ctx, f, log) })
 	t.Version = versionString()
-	registerSource(cmd, &t.Source)
-	registerGC(cmd, &f.gcPercent)
 	host, _ := os.Hostname()
 	cmd.Flags().StringVar(&t.Cluster, "cluster", "", "cluster whose InferenceGatewayConfig to serve (spec.cluster or metadata.name)")
 	cmd.Flags().StringVar(&t.Replica, "replica", host, "name of this replica among the cluster's Tier-1s")

@@ -20,23 +20,15 @@ type tier2Flags struct {
 
 func newTier2Cmd() *cobra.Command {
 	var f tier2Flags
-	cmd := &cobra.Command{
-		Use:   "tier2",
-		Short: "Run a Region's global router (the authenticated OpenAI front door)",
-		Long: "Tier-2 authenticates callers, resolves canary splits, admits by priority band, enforces\n" +
-			"global per-tenant rate limits, picks a cluster in some Region from gossiped pool health and\n" +
-			"forwards to its Tier-1, failing over before the first response byte.",
-		Example: "  meridian tier2 --config deploy/examples --region us-east-1 --listen :8080 \\\n" +
-			"    --gossip-bind 10.0.0.5:7946 --join tier2.us-east-1:7946,tier2.eu-west-1:7946",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runTier2(cmd.Context(), f, slog.Default())
-		},
-	}
 	t := &f.tier2
+	cmd := newProxyCmd("tier2", "Run a Region's global router (the authenticated OpenAI front door)",
+		"Tier-2 authenticates callers, resolves canary splits, admits by priority band, enforces\n"+
+			"global per-tenant rate limits, picks a cluster in some Region from gossiped pool health and\n"+
+			"forwards to its Tier-1, failing over before the first response byte.",
+		"  meridian tier2 --config deploy/examples --region us-east-1 --listen :8080 \\\n"+
+			"    --gossip-bind 10.0.0.5:7946 --join tier2.us-east-1:7946,tier2.eu-west-1:7946",
+		&t.Source, &f.gcPercent, func(ctx context.Context, log *slog.Logger) error { return runTier2(ctx, f, log) })
 	t.Version = versionString()
-	registerSource(cmd, &t.Source)
-	registerGC(cmd, &f.gcPercent)
 	host, _ := os.Hostname()
 	cmd.Flags().StringVar(&t.Region, "region", "", "Region this instance serves (required)")
 	cmd.Flags().StringVar(&t.Name, "name", host, "unique name of this instance (gossip and rate-limit peer name)")
