@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meridian-router/meridian/aws/cloudwatch/cloudwatchtest"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 const accessKey = "AKIDMERIDIANTEST"
@@ -24,9 +25,7 @@ const accessKey = "AKIDMERIDIANTEST"
 // attempt per call (no retry back-off in tests); nothing leaves loopback.
 func newClient(t *testing.T, srv *cloudwatchtest.Server, key string) *cloudwatch.Client {
 	t.Helper()
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
+	testkit.NoAWSConfig(t)
 	c, err := NewClient(context.Background(), ClientOptions{Region: "us-east-1", EndpointURL: srv.URL},
 		awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(key, "test-secret-not-a-secret", "")),
 		awsconfig.WithRetryMaxAttempts(1))

@@ -14,6 +14,7 @@ import (
 	dns "github.com/meridian-router/meridian/aws/route53"
 	"github.com/meridian-router/meridian/aws/route53/route53test"
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 const accessKey = "AKIDMERIDIANTEST"
@@ -22,9 +23,7 @@ const accessKey = "AKIDMERIDIANTEST"
 // credentials; nothing leaves loopback.
 func newClient(t *testing.T, srv *route53test.Server, key string) *route53.Client {
 	t.Helper()
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
+	testkit.NoAWSConfig(t)
 	c, err := dns.NewClient(context.Background(), dns.ClientOptions{EndpointURL: srv.URL},
 		awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(key, "test-secret-not-a-secret", "")))
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/meridian-router/meridian/aws/route53/route53test"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // TestDNSCommand runs `meridian dns plan|apply` against a loopback Route 53
@@ -17,9 +18,7 @@ func TestDNSCommand(t *testing.T) {
 	srv.AddZone("example.com")
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDDNSCMDTEST")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "test-secret-not-a-secret")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
+	testkit.NoAWSConfig(t)
 	run := func(args ...string) (string, error) {
 		cmd := newDNSCmd()
 		var out bytes.Buffer

@@ -1,7 +1,8 @@
 // Package testkit is what the tests and benchmarks of many packages share:
 // waiting for a condition with a bound (Eventually), goroutines that loop
-// until stopped (Loop, UnderTraffic), a fake clock (Clock), measuring CPU
-// time (CPUTime, StartCPU), building a configuration from YAML (Snapshot;
+// until stopped (Loop, UnderTraffic), a fake clock (Clock), the AWS SDK
+// kept off the machine's configuration (NoAWSConfig), measuring CPU time
+// (CPUTime, StartCPU), building a configuration from YAML (Snapshot;
 // Topology, Gateway, ChatScheduler, Tenant and StaticEndpoints write its
 // documents), reading metrics (Metric, Value, Series) and OpenAI's error
 // body (OpenAIError). It is imported only by test files
@@ -34,6 +35,17 @@ func Eventually(tb testing.TB, what string, cond func() bool) {
 		<-time.After(wait) // a polling interval, not a synchronisation
 		wait = min(2*wait, 20*time.Millisecond)
 	}
+}
+
+// NoAWSConfig keeps the AWS SDK off the machine's own AWS configuration
+// until t ends: no shared config or credentials file and no EC2 instance
+// metadata, so credentials come only from what the test gives (static
+// credentials, or AWS_ACCESS_KEY_ID in the environment).
+func NoAWSConfig(t *testing.T) {
+	t.Helper()
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
 }
 
 // OpenAIError is the body of an error answer in OpenAI's shape.
