@@ -5,8 +5,10 @@ package configtest
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,9 +23,11 @@ import (
 type Etcd struct {
 	t         testing.TB
 	dir       string
-	clientURL url.URL
+	clientURL url.URL // the proxy's: what clients dial
+	serverURL url.URL // etcd's own client listener, behind the proxy
 	peerURL   url.URL
 	server    *embed.Etcd
+	proxy     *cutProxy
 	// Client is connected to the server; it survives Stop/Start.
 	Client *clientv3.Client
 }
@@ -38,6 +42,7 @@ func StartEtcd(t testing.TB) *Etcd {
 		t:         t,
 		dir:       t.TempDir(),
 		clientURL: url.URL{Scheme: "http", Host: freeAddr(t)},
+		serverURL: url.URL{Scheme: "http", Host: freeAddr(t)},
 		peerURL:   url.URL{Scheme: "http", Host: freeAddr(t)},
 	}
 	e.Start()
@@ -58,6 +63,8 @@ func StartEtcd(t testing.TB) *Etcd {
 }
 
 // Start (re)starts the server on the same addresses and data directory.
+// Clients reach it through a proxy on Endpoint that Stop cuts (see
+// cutProxy).
 func (e *Etcd) Start() {
 	e.t.Helper()
 	cfg := embed.NewConfig()
@@ -66,7 +73,7 @@ func (e *Etcd) Start() {
 	cfg.LogLevel = "error"
 	cfg.Logger = "zap"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cfg.ListenClientUrls = []url.URL{e.clientURL}
+	cfg.ListenClientUrls = []url.URL{e.serverURL}
 	cfg.AdvertiseClientUrls = []url.URL{e.clientURL}
 	cfg.ListenPeerUrls = []url.URL{e.peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{e.peerURL}
@@ -86,10 +93,22 @@ func (e *Etcd) Start() {
 		e.t.Fatal("etcd did not become ready within 30s")
 	}
 	e.server = srv
+	p, err := listenProxy(e.clientURL.Host, e.serverURL.Host)
+	if err != nil {
+		e.Stop()
+		e.t.Fatalf("etcd client proxy: %v", err)
+	}
+	e.proxy = p
 }
 
 // Stop stops the server; the client stays and reconnects after Start.
 func (e *Etcd) Stop() {
+	if e.proxy != nil {
+		// Connections cut first: the server's close would otherwise wait
+		// its request timeout (5 s) for open watch streams to end.
+		e.proxy.cut()
+		e.proxy = nil
+	}
 	if e.server != nil {
 		// Stop the server first so open watch streams end at once rather
 		// than holding a graceful close for its request timeout.
@@ -125,6 +144,99 @@ func (e *Etcd) Apply(tb testing.TB, yaml string) int64 {
 		tb.Fatal(err)
 	}
 	return e.Commit(tb, docs)
+}
+
+// cutProxy forwards every connection to its address on to etcd's client
+// listener. cut closes its listener and every connection at once, as a
+// crashed server's would close, so that etcd's own close finds no stream
+// left to wait for; clients then find the address refusing connections,
+// as it would with the server down.
+type cutProxy struct {
+	l     net.Listener
+	to    string
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]bool // nil once cut
+}
+
+func listenProxy(addr, to string) (*cutProxy, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	p := &cutProxy{l: l, to: to, conns: map[net.Conn]bool{}}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.wg.Add(1)
+			go func() { defer p.wg.Done(); p.forward(c) }()
+		}
+	}()
+	return p, nil
+}
+
+// track records c for cut, or closes it when the proxy is already cut.
+func (p *cutProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns == nil {
+		c.Close()
+		return false
+	}
+	p.conns[c] = true
+	return true
+}
+
+func (p *cutProxy) untrack(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		c.Close()
+		if p.conns != nil {
+			delete(p.conns, c)
+		}
+	}
+}
+
+// forward copies both ways between c and a connection to etcd until
+// either side ends, then closes both.
+func (p *cutProxy) forward(c net.Conn) {
+	if !p.track(c) {
+		return
+	}
+	s, err := net.Dial("tcp", p.to)
+	if err != nil {
+		p.untrack(c)
+		return
+	}
+	if !p.track(s) {
+		p.untrack(c)
+		return
+	}
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(s, c); done <- struct{}{} }()
+	go func() { io.Copy(c, s); done <- struct{}{} }()
+	<-done
+	p.untrack(c, s)
+	<-done
+}
+
+// cut stops accepting, closes every connection and waits for the copies
+// to end.
+func (p *cutProxy) cut() {
+	p.l.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
 }
 
 // freeAddr returns a loopback address with a port free at the time of the
