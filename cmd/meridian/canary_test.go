@@ -42,7 +42,7 @@ func canaryPlatform(t *testing.T) (*platform.Platform, *configtest.Etcd) {
 		port[n] = platformtest.FreePort(t)
 	}
 	var b strings.Builder
-	b.WriteString(platformtest.Topology(func(n string) string { return port[n] }) + "  routing: {admission: {criticalReserve: 0.1}}\n")
+	b.WriteString(platformtest.Topology(func(n string) string { return port[n] }) + "  routing: {admission: {criticalReserve: 0.1}, canaryAnalysis: {period: 250ms}}\n")
 	for _, c := range []struct{ name, region, model, pool, pod string }{
 		{"use1", "us-east-1", "chat-v1", "chat", "us-chat-0"}, {"euw1", "eu-west-1", "chat-v2", "chat-next", "eu-next-0"},
 	} {
@@ -133,13 +133,29 @@ func served(p *platform.Platform, region, session string) (string, error) {
 // region's Tier-2, are each served by cluster.
 func allServedBy(p *platform.Platform, region, prefix, cluster string) func() bool {
 	return func() bool {
-		for i := range 20 {
+		var other atomic.Int64
+		forEach(20, func(i int) {
 			if c, err := served(p, region, fmt.Sprint(prefix, i)); err != nil || c != cluster {
-				return false
+				other.Add(1)
 			}
-		}
-		return true
+		})
+		return other.Load() == 0
 	}
+}
+
+// forEach calls f with each of 0 to n-1, on 8 goroutines (8 requests in
+// flight), and returns when all calls have.
+func forEach(n int, f func(i int)) {
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range 8 {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				f(i)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 func rolloutOf(t *testing.T, e *configtest.Etcd) *config.Rollout {
@@ -222,25 +238,33 @@ func TestCanaryEndToEnd(t *testing.T) {
 			}
 			return true
 		})
-		onCanary := 0
+		var canaried atomic.Int64
 		const sessions = 100
-		for i := range sessions {
+		errs := make([]error, sessions)
+		// Each session's three requests in turn; the sessions side by side.
+		forEach(sessions, func(i int) {
 			s := fmt.Sprint("session-", i)
 			var got []string
 			for _, region := range []string{"us-east-1", "eu-west-1", "us-east-1"} {
 				c, err := served(p, region, s)
 				if err != nil {
-					t.Fatal(err)
+					errs[i] = err
+					return
 				}
 				got = append(got, c)
 			}
 			if got[0] != got[1] || got[1] != got[2] {
-				t.Fatalf("session %s flipped between targets: %v", s, got)
+				errs[i] = fmt.Errorf("session %s flipped between targets: %v", s, got)
+				return
 			}
 			if got[0] == "euw1" {
-				onCanary++
+				canaried.Add(1)
 			}
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
 		}
+		onCanary := canaried.Load()
 		// rewrite tests the split within 1 point over 10,000 keys; here 100
 		// sessions through real Tier-2s must land near 50%.
 		if onCanary < 35 || onCanary > 65 {
@@ -290,13 +314,13 @@ func TestCanaryEndToEnd(t *testing.T) {
 		onCanary := func(lo, hi int) func() bool {
 			return func() bool {
 				for _, region := range p.Regions {
-					n := 0
-					for i := range 50 {
+					var n atomic.Int64
+					forEach(50, func(i int) {
 						if c, err := served(p, region, fmt.Sprint("live-", i)); err == nil && c == "euw1" {
-							n++
+							n.Add(1)
 						}
-					}
-					if n < lo || n > hi {
+					})
+					if n := int(n.Load()); n < lo || n > hi {
 						return false
 					}
 				}
@@ -550,21 +574,12 @@ func observedCohort(t *testing.T, p *platform.Platform, e *configtest.Etcd) {
 		defer mustCanary(t, e, "undo", "chat")
 		measuring()
 		const sessions = 1000
-		var wg sync.WaitGroup
-		var next atomic.Int64
 		var failed atomic.Int64
-		for w := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := next.Add(1) - 1; i < sessions; i = next.Add(1) - 1 {
-					if _, err := served(p, p.Regions[w%len(p.Regions)], fmt.Sprint("cohort-session-", i)); err != nil {
-						failed.Add(1)
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		forEach(sessions, func(i int) {
+			if _, err := served(p, p.Regions[i%len(p.Regions)], fmt.Sprint("cohort-session-", i)); err != nil {
+				failed.Add(1)
+			}
+		})
 		if failed.Load() > 0 {
 			t.Fatalf("%d of %d requests failed", failed.Load(), sessions)
 		}
