@@ -93,13 +93,16 @@ func TestFromPrometheus(t *testing.T) {
 	t.Cleanup(func() { srv.Close() })
 
 	dir := t.TempDir()
-	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
+	// Scrapes every 500 ms: the rate() ranges below span a few seconds,
+	// which the test waits for.
+	const scrape = 500 * time.Millisecond
+	cfg := fmt.Sprintf(`global: {scrape_interval: %s, evaluation_interval: 1s}
 scrape_configs:
 - job_name: model-servers
   static_configs:
   - targets: [%q]
     labels: {pool: chat}
-`, l.Addr().String())
+`, scrape, l.Addr().String())
 	cfgPath := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -118,7 +121,7 @@ scrape_configs:
 	}
 	t.Cleanup(func() { cancel(); cmd.Wait() })
 
-	src := Prometheus{URL: "http://" + addr, Window: time.Minute, RateInterval: 4 * time.Second, Pool: "chat",
+	src := Prometheus{URL: "http://" + addr, Window: time.Minute, RateInterval: 2 * time.Second, Pool: "chat",
 		Client: &http.Client{Timeout: 5 * time.Second}}
 	// rate() is only the served rate once a whole rate interval of
 	// scrapes is stored (a shorter series is divided by the whole
@@ -135,7 +138,7 @@ scrape_configs:
 	defer tick.Stop()
 	for {
 		vs, err := src.query(context.Background(), full)
-		if err == nil && len(vs) == 1 && vs[0].value >= 2*src.RateInterval.Seconds()-1 {
+		if err == nil && len(vs) == 1 && vs[0].value >= float64(2*src.RateInterval/scrape)-1 {
 			break
 		}
 		if time.Now().After(deadline) {
