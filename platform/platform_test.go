@@ -18,6 +18,7 @@ import (
 )
 
 func TestPlatformEndToEnd(t *testing.T) {
+	t.Parallel() // its own platform on its own ports; mostly waiting on the network
 	p := platformtest.Start(t, nil)
 	ctx := context.Background()
 	us := platformtest.Client(p, "us-east-1", p.Token)

@@ -24,6 +24,7 @@ import (
 // through its HTTP API: each must return one plausible series per model or
 // pool.
 func TestPrometheusPanels(t *testing.T) {
+	t.Parallel() // its own platform on its own ports; mostly waiting on the network
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
 		if os.Getenv("CI") != "" {
