@@ -33,9 +33,11 @@ type SourceOptions struct {
 // watching a real embedded etcd that Apply commits to. The test calls
 // start with its initial configuration (and, for the directory, files to
 // write beside it, such as a JWKS; etcd gets none) once its harness is
-// ready.
+// ready. The two run side by side (t.Parallel): each has its own
+// source, and the test must give each its own harness.
 func Sources(t *testing.T, opts SourceOptions, test func(t *testing.T, start func(initial string, files map[string][]byte) Live)) {
 	t.Run("directory", func(t *testing.T) {
+		t.Parallel()
 		test(t, func(initial string, files map[string][]byte) Live {
 			dir := t.TempDir()
 			file := filepath.Join(dir, "platform.yaml")
@@ -62,6 +64,7 @@ func Sources(t *testing.T, opts SourceOptions, test func(t *testing.T, start fun
 		})
 	})
 	t.Run("etcd", func(t *testing.T) {
+		t.Parallel()
 		e := StartEtcd(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
