@@ -131,115 +131,11 @@ func show(pods []Pod) []string {
 
 func chat() map[string]string { return map[string]string{"pool": "chat"} }
 
-// TestKubernetesPodLifecycle drives pods through their lives on the API
-// server and checks every set Run reports, in both ways client-go fetches
-// the initial state: watch-list (the default since client-go v0.35, a
-// streamed list over the watch ending in an initial-events-end bookmark)
-// and the classic list then watch, selected by client-go's WatchListClient
-// feature gate. The test server speaks both.
-func TestKubernetesPodLifecycle(t *testing.T) {
-	modes := []struct {
-		name      string
-		watchList bool
-	}{{"watch-list", true}, {"list-then-watch", false}}
-	for _, mode := range modes {
-		t.Run(mode.name, func(t *testing.T) {
-			clientfeaturestesting.SetFeatureDuringTest(t, clientfeatures.WatchListClient, mode.watchList)
-			noLeaks(t)
-			a := startAPIServer(t,
-				k8sPod("ns", "a", "10.0.0.1", true, chat()),
-				k8sPod("ns", "b", "10.0.0.2", false, chat()),
-				k8sPod("other", "c", "10.0.0.3", true, chat()),                               // another namespace
-				k8sPod("ns", "sidecar", "10.0.0.4", true, map[string]string{"app": "redis"}), // outside LabelSelector
-			)
-			k := &Kubernetes{Client: clientFor(t, a), Namespace: "ns", LabelSelector: "pool", Logger: quietLog()}
-			w := startWatcher(t, k)
-
-			w.expect(t, "initial set",
-				"ns/a 10.0.0.1 ready pool=chat",
-				"ns/b 10.0.0.2 - pool=chat")
-
-			// The set feeds Endpoints: only the ready pod is a target.
-			if got := ids(Endpoints(testSnapshot(t), "a", podsFrom(t, a, "ns"))["chat"]); !slices.Equal(got,
-				[]string{"ns/a:8000=10.0.0.1:8000", "static-chat=10.9.0.1:8000"}) {
-				t.Errorf("Endpoints over the discovered pods: %q", got)
-			}
-
-			pending := k8sPod("ns", "d", "", false, chat())
-			pending.Status.Phase = corev1.PodPending
-			a.apply(pending)
-			w.expect(t, "pod added, pending, no IP",
-				"ns/a 10.0.0.1 ready pool=chat",
-				"ns/b 10.0.0.2 - pool=chat",
-				"ns/d  - pool=chat")
-
-			// Readiness changes, one pod at a time, and the set after each.
-			for _, step := range []struct {
-				what string
-				pod  corev1.Pod
-				want []string
-			}{
-				{"pod gets an IP and becomes Ready", k8sPod("ns", "d", "10.0.0.5", true, chat()),
-					[]string{"ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 - pool=chat", "ns/d 10.0.0.5 ready pool=chat"}},
-				{"pod becomes Ready", k8sPod("ns", "b", "10.0.0.2", true, chat()),
-					[]string{"ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 ready pool=chat", "ns/d 10.0.0.5 ready pool=chat"}},
-				{"pod becomes not Ready", k8sPod("ns", "a", "10.0.0.1", false, chat()),
-					[]string{"ns/a 10.0.0.1 - pool=chat", "ns/b 10.0.0.2 ready pool=chat", "ns/d 10.0.0.5 ready pool=chat"}},
-			} {
-				a.apply(step.pod)
-				w.expect(t, step.what, step.want...)
-			}
-
-			// A change discovery does not look at (a container restart)
-			// must not produce a call: the next call is the deletion.
-			restarted := k8sPod("ns", "b", "10.0.0.2", true, chat())
-			restarted.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "vllm", RestartCount: 3}}
-			restarted.Annotations = map[string]string{"note": "restarted"}
-			a.apply(restarted)
-			a.apply(k8sPod("other", "c", "10.0.0.30", true, chat())) // not our namespace
-			a.remove("ns", "b")
-			w.expect(t, "pod deleted (after changes that must not show)",
-				"ns/a 10.0.0.1 - pool=chat",
-				"ns/d 10.0.0.5 ready pool=chat")
-
-			a.apply(k8sPod("ns", "d", "10.0.0.5", true, map[string]string{"pool": "code"}))
-			w.expect(t, "labels change",
-				"ns/a 10.0.0.1 - pool=chat",
-				"ns/d 10.0.0.5 ready pool=code")
-
-			a.apply(k8sPod("ns", "d", "10.0.0.5", true, map[string]string{"stage": "drained"}))
-			w.expect(t, "pod leaves the LabelSelector",
-				"ns/a 10.0.0.1 - pool=chat")
-
-			a.apply(k8sPod("ns", "a", "10.0.0.1", true, chat()))
-			w.expect(t, "Ready again", "ns/a 10.0.0.1 ready pool=chat")
-
-			terminating := k8sPod("ns", "a", "10.0.0.1", true, chat())
-			terminating.DeletionTimestamp = &metav1.Time{Time: time.Unix(1700000000, 0)}
-			a.apply(terminating)
-			w.expect(t, "a terminating pod is not Ready even while its condition says so",
-				"ns/a 10.0.0.1 - pool=chat")
-
-			a.remove("ns", "a")
-			w.expect(t, "last pod deleted")
-
-			w.stop(t)
-			lists, watchLists := a.counts()
-			if mode.watchList && (watchLists == 0 || lists != 0) {
-				t.Errorf("watch-list mode: %d watch-lists and %d lists, want >0 and 0", watchLists, lists)
-			}
-			if !mode.watchList && (lists == 0 || watchLists != 0) {
-				t.Errorf("list-then-watch mode: %d lists and %d watch-lists, want >0 and 0", lists, watchLists)
-			}
-		})
-	}
-}
-
-// TestKubernetesRecovers cuts the watch, refuses the informer for a while,
-// and changes pods meanwhile with the history compacted, so the informer
-// must list again: pods deleted while it was away must disappear (they
-// come back as client-go tombstones) and new ones appear.
-func TestKubernetesRecovers(t *testing.T) {
+// inBothFetchModes runs test as subtests "watch-list" and
+// "list-then-watch", the two ways client-go fetches the initial state
+// (its WatchListClient feature gate), each checked for goroutines left
+// running (noLeaks).
+func inBothFetchModes(t *testing.T, test func(t *testing.T, watchList bool)) {
 	for _, mode := range []struct {
 		name      string
 		watchList bool
@@ -247,38 +143,144 @@ func TestKubernetesRecovers(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			clientfeaturestesting.SetFeatureDuringTest(t, clientfeatures.WatchListClient, mode.watchList)
 			noLeaks(t)
-			a := startAPIServer(t,
-				k8sPod("ns", "a", "10.0.0.1", true, chat()),
-				k8sPod("ns", "b", "10.0.0.2", true, chat()),
-			)
-			logged := newLockedBuffer()
-			k := &Kubernetes{Client: clientFor(t, a), Namespace: "ns", Logger: slog.New(slog.NewTextHandler(logged, nil))}
-			w := startWatcher(t, k)
-			w.expect(t, "initial set", "ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 ready pool=chat")
-
-			lists0, watchLists0 := a.counts()
-			a.forbid("tier1")
-			a.breakWatches()
-			select {
-			case <-logged.wrote: // the informer's retry was refused
-			case <-time.After(deadline):
-				t.Fatalf("no refused retry logged within %v", deadline)
-			}
-			a.remove("ns", "b")
-			a.apply(k8sPod("ns", "c", "10.0.0.3", true, chat()))
-			a.compact()
-			a.permit()
-			w.expect(t, "after the outage", "ns/a 10.0.0.1 ready pool=chat", "ns/c 10.0.0.3 ready pool=chat")
-			// The history was gone, so the informer had to fetch the whole
-			// state again rather than resume the watch.
-			if lists, watchLists := a.counts(); lists+watchLists <= lists0+watchLists0 {
-				t.Errorf("no new list after the compacted outage (lists %d→%d, watch-lists %d→%d)", lists0, lists, watchLists0, watchLists)
-			}
-
-			a.apply(k8sPod("ns", "a", "10.0.0.1", false, chat()))
-			w.expect(t, "watching again", "ns/a 10.0.0.1 - pool=chat", "ns/c 10.0.0.3 ready pool=chat")
+			test(t, mode.watchList)
 		})
 	}
+}
+
+// TestKubernetesPodLifecycle drives pods through their lives on the API
+// server and checks every set Run reports, in both ways client-go fetches
+// the initial state: watch-list (the default since client-go v0.35, a
+// streamed list over the watch ending in an initial-events-end bookmark)
+// and the classic list then watch, selected by client-go's WatchListClient
+// feature gate. The test server speaks both.
+func TestKubernetesPodLifecycle(t *testing.T) {
+	inBothFetchModes(t, func(t *testing.T, watchList bool) {
+		a := startAPIServer(t,
+			k8sPod("ns", "a", "10.0.0.1", true, chat()),
+			k8sPod("ns", "b", "10.0.0.2", false, chat()),
+			k8sPod("other", "c", "10.0.0.3", true, chat()),                               // another namespace
+			k8sPod("ns", "sidecar", "10.0.0.4", true, map[string]string{"app": "redis"}), // outside LabelSelector
+		)
+		k := &Kubernetes{Client: clientFor(t, a), Namespace: "ns", LabelSelector: "pool", Logger: quietLog()}
+		w := startWatcher(t, k)
+
+		w.expect(t, "initial set",
+			"ns/a 10.0.0.1 ready pool=chat",
+			"ns/b 10.0.0.2 - pool=chat")
+
+		// The set feeds Endpoints: only the ready pod is a target.
+		if got := ids(Endpoints(testSnapshot(t), "a", podsFrom(t, a, "ns"))["chat"]); !slices.Equal(got,
+			[]string{"ns/a:8000=10.0.0.1:8000", "static-chat=10.9.0.1:8000"}) {
+			t.Errorf("Endpoints over the discovered pods: %q", got)
+		}
+
+		pending := k8sPod("ns", "d", "", false, chat())
+		pending.Status.Phase = corev1.PodPending
+		a.apply(pending)
+		w.expect(t, "pod added, pending, no IP",
+			"ns/a 10.0.0.1 ready pool=chat",
+			"ns/b 10.0.0.2 - pool=chat",
+			"ns/d  - pool=chat")
+
+		// Readiness changes, one pod at a time, and the set after each.
+		for _, step := range []struct {
+			what string
+			pod  corev1.Pod
+			want []string
+		}{
+			{"pod gets an IP and becomes Ready", k8sPod("ns", "d", "10.0.0.5", true, chat()),
+				[]string{"ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 - pool=chat", "ns/d 10.0.0.5 ready pool=chat"}},
+			{"pod becomes Ready", k8sPod("ns", "b", "10.0.0.2", true, chat()),
+				[]string{"ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 ready pool=chat", "ns/d 10.0.0.5 ready pool=chat"}},
+			{"pod becomes not Ready", k8sPod("ns", "a", "10.0.0.1", false, chat()),
+				[]string{"ns/a 10.0.0.1 - pool=chat", "ns/b 10.0.0.2 ready pool=chat", "ns/d 10.0.0.5 ready pool=chat"}},
+		} {
+			a.apply(step.pod)
+			w.expect(t, step.what, step.want...)
+		}
+
+		// A change discovery does not look at (a container restart)
+		// must not produce a call: the next call is the deletion.
+		restarted := k8sPod("ns", "b", "10.0.0.2", true, chat())
+		restarted.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "vllm", RestartCount: 3}}
+		restarted.Annotations = map[string]string{"note": "restarted"}
+		a.apply(restarted)
+		a.apply(k8sPod("other", "c", "10.0.0.30", true, chat())) // not our namespace
+		a.remove("ns", "b")
+		w.expect(t, "pod deleted (after changes that must not show)",
+			"ns/a 10.0.0.1 - pool=chat",
+			"ns/d 10.0.0.5 ready pool=chat")
+
+		a.apply(k8sPod("ns", "d", "10.0.0.5", true, map[string]string{"pool": "code"}))
+		w.expect(t, "labels change",
+			"ns/a 10.0.0.1 - pool=chat",
+			"ns/d 10.0.0.5 ready pool=code")
+
+		a.apply(k8sPod("ns", "d", "10.0.0.5", true, map[string]string{"stage": "drained"}))
+		w.expect(t, "pod leaves the LabelSelector",
+			"ns/a 10.0.0.1 - pool=chat")
+
+		a.apply(k8sPod("ns", "a", "10.0.0.1", true, chat()))
+		w.expect(t, "Ready again", "ns/a 10.0.0.1 ready pool=chat")
+
+		terminating := k8sPod("ns", "a", "10.0.0.1", true, chat())
+		terminating.DeletionTimestamp = &metav1.Time{Time: time.Unix(1700000000, 0)}
+		a.apply(terminating)
+		w.expect(t, "a terminating pod is not Ready even while its condition says so",
+			"ns/a 10.0.0.1 - pool=chat")
+
+		a.remove("ns", "a")
+		w.expect(t, "last pod deleted")
+
+		w.stop(t)
+		lists, watchLists := a.counts()
+		if watchList && (watchLists == 0 || lists != 0) {
+			t.Errorf("watch-list mode: %d watch-lists and %d lists, want >0 and 0", watchLists, lists)
+		}
+		if !watchList && (lists == 0 || watchLists != 0) {
+			t.Errorf("list-then-watch mode: %d lists and %d watch-lists, want >0 and 0", lists, watchLists)
+		}
+	})
+}
+
+// TestKubernetesRecovers cuts the watch, refuses the informer for a while,
+// and changes pods meanwhile with the history compacted, so the informer
+// must list again: pods deleted while it was away must disappear (they
+// come back as client-go tombstones) and new ones appear.
+func TestKubernetesRecovers(t *testing.T) {
+	inBothFetchModes(t, func(t *testing.T, watchList bool) {
+		a := startAPIServer(t,
+			k8sPod("ns", "a", "10.0.0.1", true, chat()),
+			k8sPod("ns", "b", "10.0.0.2", true, chat()),
+		)
+		logged := newLockedBuffer()
+		k := &Kubernetes{Client: clientFor(t, a), Namespace: "ns", Logger: slog.New(slog.NewTextHandler(logged, nil))}
+		w := startWatcher(t, k)
+		w.expect(t, "initial set", "ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 ready pool=chat")
+
+		lists0, watchLists0 := a.counts()
+		a.forbid("tier1")
+		a.breakWatches()
+		select {
+		case <-logged.wrote: // the informer's retry was refused
+		case <-time.After(deadline):
+			t.Fatalf("no refused retry logged within %v", deadline)
+		}
+		a.remove("ns", "b")
+		a.apply(k8sPod("ns", "c", "10.0.0.3", true, chat()))
+		a.compact()
+		a.permit()
+		w.expect(t, "after the outage", "ns/a 10.0.0.1 ready pool=chat", "ns/c 10.0.0.3 ready pool=chat")
+		// The history was gone, so the informer had to fetch the whole
+		// state again rather than resume the watch.
+		if lists, watchLists := a.counts(); lists+watchLists <= lists0+watchLists0 {
+			t.Errorf("no new list after the compacted outage (lists %d→%d, watch-lists %d→%d)", lists0, lists, watchLists0, watchLists)
+		}
+
+		a.apply(k8sPod("ns", "a", "10.0.0.1", false, chat()))
+		w.expect(t, "watching again", "ns/a 10.0.0.1 - pool=chat", "ns/c 10.0.0.3 ready pool=chat")
+	})
 }
 
 // podsFrom reads the API server's current pods of a namespace as Pods, the
