@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/meridian-router/meridian/internal/defaults"
 )
 
 // Config holds a Gate's knobs. Every field's zero value means its default,
@@ -71,10 +73,10 @@ func DefaultConfig() Config {
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	c.MaxQueued = positiveOr(c.MaxQueued, d.MaxQueued)
-	c.MaxQueuedBytes = positiveOr(c.MaxQueuedBytes, d.MaxQueuedBytes)
-	c.StandardMaxWait = positiveOr(c.StandardMaxWait, d.StandardMaxWait)
-	c.CriticalMaxWait = positiveOr(c.CriticalMaxWait, d.CriticalMaxWait)
+	c.MaxQueued = defaults.Positive(c.MaxQueued, d.MaxQueued)
+	c.MaxQueuedBytes = defaults.Positive(c.MaxQueuedBytes, d.MaxQueuedBytes)
+	c.StandardMaxWait = defaults.Positive(c.StandardMaxWait, d.StandardMaxWait)
+	c.CriticalMaxWait = defaults.Positive(c.CriticalMaxWait, d.CriticalMaxWait)
 	switch {
 	case c.CriticalReserve == 0:
 		c.CriticalReserve = d.CriticalReserve
@@ -83,16 +85,8 @@ func (c Config) withDefaults() Config {
 	case c.CriticalReserve > 1:
 		c.CriticalReserve = 1
 	}
-	c.RetryAfter = positiveOr(c.RetryAfter, d.RetryAfter)
+	c.RetryAfter = defaults.Positive(c.RetryAfter, d.RetryAfter)
 	return c
-}
-
-// positiveOr is d when v is zero or negative (a field left unset), else v.
-func positiveOr[T ~int | ~int64 | ~float64](v, d T) T {
-	if v <= 0 {
-		return d
-	}
-	return v
 }
 
 // Request is what admission needs to know about one request.

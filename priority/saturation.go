@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/defaults"
 )
 
 // PodLoad is one pod's load as the caller last saw it.
@@ -56,9 +57,9 @@ func GIEThresholds() Thresholds {
 // DefaultThresholds (StaleIsSaturated is kept as it is).
 func (t Thresholds) WithDefaults() Thresholds {
 	d := DefaultThresholds()
-	t.Queue = positiveOr(t.Queue, d.Queue)
-	t.KVCache = positiveOr(t.KVCache, d.KVCache)
-	t.StaleAfter = positiveOr(t.StaleAfter, d.StaleAfter)
+	t.Queue = defaults.Positive(t.Queue, d.Queue)
+	t.KVCache = defaults.Positive(t.KVCache, d.KVCache)
+	t.StaleAfter = defaults.Positive(t.StaleAfter, d.StaleAfter)
 	return t
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/defaults"
 	"github.com/meridian-router/meridian/request"
 )
 
@@ -103,24 +104,16 @@ func (o Options) withDefaults() Options {
 	if o.Fallbacks < 0 {
 		o.Fallbacks = 0
 	}
-	o.MaxMetricsAge = positiveOr(o.MaxMetricsAge, d.MaxMetricsAge)
-	o.QueueHalf = positiveOr(o.QueueHalf, d.QueueHalf)
-	o.RunningHalf = positiveOr(o.RunningHalf, d.RunningHalf)
-	o.QueueSaturation = positiveOr(o.QueueSaturation, d.QueueSaturation)
-	o.KVSaturation = positiveOr(o.KVSaturation, d.KVSaturation)
-	o.LatencyScale = positiveOr(o.LatencyScale, d.LatencyScale)
+	o.MaxMetricsAge = defaults.Positive(o.MaxMetricsAge, d.MaxMetricsAge)
+	o.QueueHalf = defaults.Positive(o.QueueHalf, d.QueueHalf)
+	o.RunningHalf = defaults.Positive(o.RunningHalf, d.RunningHalf)
+	o.QueueSaturation = defaults.Positive(o.QueueSaturation, d.QueueSaturation)
+	o.KVSaturation = defaults.Positive(o.KVSaturation, d.KVSaturation)
+	o.LatencyScale = defaults.Positive(o.LatencyScale, d.LatencyScale)
 	if o.Rand == nil {
 		o.Rand = d.Rand
 	}
 	return o
-}
-
-// positiveOr is d when v is zero or negative (a field left unset), else v.
-func positiveOr[T ~int | ~int64 | ~float64](v, d T) T {
-	if v <= 0 {
-		return d
-	}
-	return v
 }
 
 // Request is what a decision needs to know about one request. The data
@@ -184,15 +177,9 @@ func NewScheduler(pool *Pool, sched config.Scheduler, policy config.SchedulerPol
 		return nil, fmt.Errorf("tier1: scheduler %q: nil pool", sched.Name)
 	}
 	d := config.DefaultPolicy()
-	if policy.BlockSize <= 0 {
-		policy.BlockSize = d.BlockSize
-	}
-	if policy.MaxPrefixBlocks <= 0 {
-		policy.MaxPrefixBlocks = d.MaxPrefixBlocks
-	}
-	if policy.LRUCapacityPerServer <= 0 {
-		policy.LRUCapacityPerServer = d.LRUCapacityPerServer
-	}
+	policy.BlockSize = defaults.Positive(policy.BlockSize, d.BlockSize)
+	policy.MaxPrefixBlocks = defaults.Positive(policy.MaxPrefixBlocks, d.MaxPrefixBlocks)
+	policy.LRUCapacityPerServer = defaults.Positive(policy.LRUCapacityPerServer, d.LRUCapacityPerServer)
 	if policy.Picker == "" {
 		policy.Picker = d.Picker
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/meridian-router/meridian/internal/defaults"
 	"github.com/meridian-router/meridian/request"
 )
 
@@ -69,22 +70,12 @@ func DefaultConfig() Config {
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	if c.BlockSize <= 0 {
-		c.BlockSize = d.BlockSize
-	}
-	if c.MaxBlocks <= 0 {
-		c.MaxBlocks = d.MaxBlocks
-	}
+	c.BlockSize = defaults.Positive(c.BlockSize, d.BlockSize)
+	c.MaxBlocks = defaults.Positive(c.MaxBlocks, d.MaxBlocks)
 	c.MaxBlocks = min(c.MaxBlocks, 1024)
-	if c.Window <= 0 {
-		c.Window = d.Window
-	}
-	if c.MaxKeys <= 0 {
-		c.MaxKeys = d.MaxKeys
-	}
-	if c.MinSharedBlocks <= 0 {
-		c.MinSharedBlocks = d.MinSharedBlocks
-	}
+	c.Window = defaults.Positive(c.Window, d.Window)
+	c.MaxKeys = defaults.Positive(c.MaxKeys, d.MaxKeys)
+	c.MinSharedBlocks = defaults.Positive(c.MinSharedBlocks, d.MinSharedBlocks)
 	return c
 }
 
