@@ -398,11 +398,19 @@ func TestPartitionAndHeal(t *testing.T) {
 	}
 }
 
+// steadyTrio is three instances in one Region, acme limited to r requests
+// a second, after 5 s of a demand of 2r.
+func steadyTrio(t *testing.T, r int64) *simCluster {
+	t.Helper()
+	c := newSimCluster(t, 1, 3, acmeRequests(r, r), nil)
+	c.setDemand(2*float64(r), 1)
+	c.run(5 * time.Second)
+	return c
+}
+
 func TestLeaveReleasesShare(t *testing.T) {
 	const R = 1000
-	c := newSimCluster(t, 1, 3, acmeRequests(R, R), nil)
-	c.setDemand(2*R, 1)
-	c.run(5 * time.Second)
+	c := steadyTrio(t, R)
 	// Instance 0 shuts down cleanly; the other two take the limit.
 	gone := c.nodes[0]
 	for _, p := range gone.l.Leave() {
@@ -420,9 +428,7 @@ func TestLeaveReleasesShare(t *testing.T) {
 
 func TestNewInstanceStartsSmall(t *testing.T) {
 	const R = 1000
-	c := newSimCluster(t, 1, 3, acmeRequests(R, R), nil)
-	c.setDemand(2*R, 1)
-	c.run(5 * time.Second)
+	c := steadyTrio(t, R)
 	// A fourth instance starts: until it hears a peer it holds
 	// InitialShare, not the whole limit.
 	cfg := c.cfg

@@ -421,8 +421,11 @@ func TestFilters(t *testing.T) {
 	}
 }
 
-func TestFallbacksOrdered(t *testing.T) {
-	pool, _ := newPool(Metrics{Waiting: 8}, Metrics{Waiting: 0}, Metrics{Waiting: 4}, Metrics{Waiting: 2})
+// queueRanking is the decision, as "primary,fallback,…", of a scheduler
+// weighing only the queue over pods p0, p1, … with metrics ms.
+func queueRanking(t *testing.T, ms ...Metrics) string {
+	t.Helper()
+	pool, _ := newPool(ms...)
 	s := newSched(t, pool, config.ScoringMeridian, config.Weights{Queue: 1}, "")
 	got, err := s.Schedule(&Request{Model: "llama"}, t0, nil)
 	if err != nil {
@@ -432,8 +435,12 @@ func TestFallbacksOrdered(t *testing.T) {
 	for _, ep := range got {
 		ids = append(ids, ep.ID)
 	}
-	if strings.Join(ids, ",") != "p1,p3,p2" {
-		t.Fatalf("picked %v, want primary p1 then fallbacks p3,p2", ids)
+	return strings.Join(ids, ",")
+}
+
+func TestFallbacksOrdered(t *testing.T) {
+	if got := queueRanking(t, Metrics{Waiting: 8}, Metrics{Waiting: 0}, Metrics{Waiting: 4}, Metrics{Waiting: 2}); got != "p1,p3,p2" {
+		t.Fatalf("picked %s, want primary p1 then fallbacks p3,p2", got)
 	}
 }
 
@@ -455,18 +462,8 @@ func TestStaleEndpointsAreLastFallbacks(t *testing.T) {
 		{"all stale", []Metrics{{ScrapedAt: stale, Waiting: 3}, {ScrapedAt: stale}}, "p1,p0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pool, _ := newPool(tc.pods...)
-			s := newSched(t, pool, config.ScoringMeridian, config.Weights{Queue: 1}, "")
-			got, err := s.Schedule(&Request{Model: "llama"}, t0, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ids []string
-			for _, ep := range got {
-				ids = append(ids, ep.ID)
-			}
-			if strings.Join(ids, ",") != tc.want {
-				t.Fatalf("picked %v, want %s", ids, tc.want)
+			if got := queueRanking(t, tc.pods...); got != tc.want {
+				t.Fatalf("picked %s, want %s", got, tc.want)
 			}
 		})
 	}
