@@ -202,6 +202,12 @@ type SchedulerOptions struct {
 	// LatencyScale is the predicted TTFT at which the predictedLatency
 	// score halves (the latency model's scale). Default 500ms.
 	LatencyScale Duration `json:"latencyScale,omitempty"`
+	// LatencyClassLabel is the pod label (of a Kubernetes pod, or of a
+	// static endpoint) whose value names the pod's hardware class: pods of
+	// the pool with the same value share one latency model, which learns
+	// from all their first tokens. Pods without the label learn alone.
+	// Default "gpu"; "-" makes every pod learn alone.
+	LatencyClassLabel string `json:"latencyClassLabel,omitempty"`
 	// Prefix sizes the prefix index; it overrides the prefix plugin's
 	// parameters of an EndpointPickerConfig.
 	Prefix *PrefixOptions `json:"prefix,omitempty"`

@@ -56,7 +56,7 @@ spec:
     modelName: chat-model
     modelSelector: {matchLabels: {pool: chat}}
     weights: {queue: 1}
-    options: {fallbacks: 2, maxMetricsAge: 1s, queueHalf: 4, runningHalf: 64, queueSaturation: 8, kvSaturation: 0.95, latencyScale: 500ms, prefix: {blockSize: 64, maxPrefixBlocksToMatch: 256, lruCapacityPerServer: 31250, autoTune: true}}
+    options: {fallbacks: 2, maxMetricsAge: 1s, queueHalf: 4, runningHalf: 64, queueSaturation: 8, kvSaturation: 0.95, latencyScale: 500ms, latencyClassLabel: nvidia.com/gpu.product, prefix: {blockSize: 64, maxPrefixBlocksToMatch: 256, lruCapacityPerServer: 31250, autoTune: true}}
     admission: {queueThreshold: 5}
 ---
 apiVersion: inference.networking.k8s.io/v1

@@ -753,6 +753,9 @@ func (b *builder) schedulerOptions(key ObjectKey, path string, o *SchedulerOptio
 			b.errf(key, path+"."+d.name, "must be a duration between 0 and 1h, got %s", d.v.D())
 		}
 	}
+	if l := o.LatencyClassLabel; l != "" && l != "-" && !validLabelKey(l) {
+		b.errf(key, path+".latencyClassLabel", "must be a label key (such as gpu or example.com/accelerator) or -, got %q", l)
+	}
 	if p := o.Prefix; p != nil {
 		if p.BlockSize < 0 || p.BlockSize > 65536 {
 			b.errf(key, path+".prefix.blockSize", "must be 1..65536 characters, got %d", p.BlockSize)
@@ -767,6 +770,31 @@ func (b *builder) schedulerOptions(key ObjectKey, path string, o *SchedulerOptio
 			b.errf(key, path+".prefix.autoTune", "false is not supported: Tier-1 always sizes the prefix index from what the servers report")
 		}
 	}
+}
+
+// validLabelKey reports whether k is a Kubernetes label key: an optional
+// DNS-subdomain prefix and a slash, then a name of 1 to 63 letters, digits,
+// '-', '_' and '.', starting and ending with a letter or digit.
+func validLabelKey(k string) bool {
+	prefix, name, ok := strings.Cut(k, "/")
+	if !ok {
+		prefix, name = "", k
+	} else if prefix == "" || len(prefix) > 253 || strings.Trim(prefix, "abcdefghijklmnopqrstuvwxyz0123456789-.") != "" {
+		return false
+	}
+	if len(name) == 0 || len(name) > 63 {
+		return false
+	}
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' }
+	if !alnum(name[0]) || !alnum(name[len(name)-1]) {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !alnum(c) && c != '-' && c != '_' && c != '.' {
+			return false
+		}
+	}
+	return true
 }
 
 // objective checks an InferenceObjective.

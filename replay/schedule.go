@@ -52,6 +52,10 @@ func newTier1Router(pods []*sim.Pod, model string, pol config.SchedulerPolicy, s
 		// adapters and its max-model-len. GIE mode does not use them.
 		cfg := p.Config()
 		ep.SetCapabilities(&tier1.Capabilities{Models: []string{p.Model()}, Adapters: cfg.Adapters, MaxModelLen: cfg.Profile.MaxModelLen})
+		// Pods of one profile share a latency model, as a Tier-1 that
+		// reads their gpu label (sim/fleet.go sets it to the profile)
+		// does by default.
+		pool.SetClass(ep, cfg.Profile.Name)
 		r.eps = append(r.eps, ep)
 		r.slot[ep] = i
 		// GIE auto-tunes its block to the servers' KV block × 4 characters.

@@ -95,7 +95,10 @@ type Endpoint struct {
 	lastPicked atomic.Int64
 	pendingN   atomic.Int32 // len(pendingAdapters), read without the lock
 
-	latency latencyModel // its coefficients first; the rest is cold
+	// latency is the endpoint's latency model: its own, or the one its
+	// class shares (Pool.SetClass). Never nil once the endpoint is added.
+	latency atomic.Pointer[latencyModel]
+	class   string // latency class (Pool.SetClass), under the pool's mu
 
 	// ID is the endpoint's stable name (namespace/pod, or the address for
 	// static endpoints). Prefix events name endpoints by ID.
@@ -263,7 +266,7 @@ func (t *Ticket) FirstToken(ttft time.Duration) {
 		return
 	}
 	t.ttftSeen = true
-	t.ep.latency.observe(&t.features, ttft.Seconds())
+	t.ep.latency.Load().observe(&t.features, ttft.Seconds())
 	t.clearBacklog()
 }
 

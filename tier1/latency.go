@@ -184,7 +184,7 @@ func PrefillSeconds(eps []*Endpoint, tokens float64) float64 {
 	if len(eps) > 0 {
 		perK = 0
 		for _, ep := range eps {
-			c := ep.latency.coef.Load()
+			c := ep.latency.Load().coef.Load()
 			if c == nil || c[3] <= 0 {
 				c = &latencyPrior
 			}

@@ -19,6 +19,10 @@ type Pool struct {
 	index *PrefixIndex
 	lora  adapterDemand
 	peers peerCounts
+	// classes are the latency models shared by class (SetClass); a
+	// class's model outlives its endpoints (a restarted pod of the class
+	// resumes with what the class learned).
+	classes map[string]*latencyModel
 }
 
 type endpointSet struct {
@@ -58,6 +62,7 @@ func (p *Pool) Add(id, address string) *Endpoint {
 	}
 	p.slots[slot] = true
 	ep := &Endpoint{ID: id, Address: address, slot: int32(slot)}
+	ep.latency.Store(new(latencyModel))
 	ep.ready.Store(true)
 	next := &endpointSet{
 		list:  append(slices.Clip(old.list), ep),
@@ -70,6 +75,46 @@ func (p *Pool) Add(id, address string) *Endpoint {
 	next.byID[id] = ep
 	p.set.Store(next)
 	return ep
+}
+
+// DefaultLatencyClassLabel is the pod label whose value names an
+// endpoint's latency class when the scheduler's options name none.
+const DefaultLatencyClassLabel = "gpu"
+
+// SetClass makes ep share one latency model with the pool's other
+// endpoints of the same class (pods of one GPU type serving the same
+// model answer alike, so their first tokens teach one model four or eight
+// times as fast, and identical pods under identical load are predicted
+// alike instead of by what each one's few observations happened to be).
+// An empty class gives ep a model of its own. Setting the class ep
+// already has keeps what its model learned.
+func (p *Pool) SetClass(ep *Endpoint, class string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ep.class == class && ep.latency.Load() != nil {
+		return
+	}
+	ep.class = class
+	if class == "" {
+		ep.latency.Store(new(latencyModel))
+		return
+	}
+	if p.classes == nil {
+		p.classes = map[string]*latencyModel{}
+	}
+	m := p.classes[class]
+	if m == nil {
+		m = new(latencyModel)
+		p.classes[class] = m
+	}
+	ep.latency.Store(m)
+}
+
+// Class is ep's latency class ("" when it learns alone).
+func (p *Pool) Class(ep *Endpoint) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return ep.class
 }
 
 // Remove drops an endpoint and what the prefix index knew of it.

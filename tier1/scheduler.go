@@ -502,7 +502,7 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 	observed := false
 	if all || w[PredictedLatency] > 0 {
 		for _, ep := range sc.cands {
-			if ep.latency.coef.Load() != nil {
+			if ep.latency.Load().coef.Load() != nil {
 				observed = true
 				break
 			}
@@ -554,7 +554,7 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 		}
 		if all || w[PredictedLatency] > 0 {
 			x := latencyFeatures(l.waiting, l.running, float64(req.PromptTokens)*(1-hit), l.backlog)
-			p[PredictedLatency] = latScale / (latScale + ep.latency.predict(&x, observed))
+			p[PredictedLatency] = latScale / (latScale + ep.latency.Load().predict(&x, observed))
 		}
 		if all || w[LRU] > 0 {
 			switch {

@@ -523,7 +523,7 @@ func TestLatencyModelLearnsSlowerPod(t *testing.T) {
 	})
 	req := &Request{Model: "llama", PromptTokens: 2000}
 	x := latencyFeatures(1, 8, 2000, 0)
-	p0, p1 := eps[0].latency.predict(&x, true), eps[1].latency.predict(&x, true)
+	p0, p1 := eps[0].latency.Load().predict(&x, true), eps[1].latency.Load().predict(&x, true)
 	want0 := 0.03 + 2000.0/8000
 	if math.Abs(p0-want0) > 0.05 || math.Abs(p1-2*want0) > 0.1 {
 		t.Fatalf("predicted %.3fs and %.3fs, want about %.3fs and %.3fs", p0, p1, want0, 2*want0)
@@ -532,7 +532,7 @@ func TestLatencyModelLearnsSlowerPod(t *testing.T) {
 	if err != nil || got[0] != eps[0] {
 		t.Fatalf("picked %v (%v), want the faster p0", got, err)
 	}
-	if n := eps[0].latency.observations(); n != 300 {
+	if n := eps[0].latency.Load().observations(); n != 300 {
 		t.Fatalf("%d observations, want 300", n)
 	}
 }
@@ -570,7 +570,7 @@ func TestPrefillSecondsNeverFree(t *testing.T) {
 		}
 		return 0.03 + float64(tokens)/8000 // pod 1: 8k tokens/s prefill
 	})
-	if c := eps[0].latency.coef.Load(); c == nil || c[3] >= 0 {
+	if c := eps[0].latency.Load().coef.Load(); c == nil || c[3] >= 0 {
 		t.Fatalf("pod 0 learned %v, want a negative prefill coefficient", c)
 	}
 	if got, want := PrefillSeconds(eps[:1], 1000), latencyPrior[3]; got != want {
@@ -864,5 +864,39 @@ func TestPeerLoadBounded(t *testing.T) {
 	pool.ForgetPeer("a")
 	if ep.PeerInFlight() != 0 || ep.PeerBacklog() != 0 {
 		t.Fatalf("after ForgetPeer: %d requests %d tokens, want 0", ep.PeerInFlight(), ep.PeerBacklog())
+	}
+}
+
+// TestLatencyClassShared: endpoints of one class predict with one model,
+// so a first token seen on one reprices the others of its class and no
+// other; re-setting the class keeps what was learned, and leaving the
+// class gives the endpoint a model of its own.
+func TestLatencyClassShared(t *testing.T) {
+	pool := NewPool()
+	a, b, c := pool.Add("a", "a:1"), pool.Add("b", "b:1"), pool.Add("c", "c:1")
+	pool.SetClass(a, "h100")
+	pool.SetClass(b, "h100")
+	pool.SetClass(c, "a10g")
+	x := latencyFeatures(2, 8, 4000, 0)
+	for range 50 {
+		a.latency.Load().observe(&x, 3.0) // a's first tokens: slower than the prior says
+	}
+	pa, pb, pc := a.latency.Load().predict(&x, true), b.latency.Load().predict(&x, true), c.latency.Load().predict(&x, true)
+	if pa != pb {
+		t.Fatalf("a and b share the class h100 but predict %.3f and %.3f", pa, pb)
+	}
+	if pa < 2 || pc == pa {
+		t.Fatalf("a learned %.3f s (want near 3), c of another class %.3f (want its own)", pa, pc)
+	}
+	pool.SetClass(b, "h100")
+	if got := b.latency.Load().predict(&x, true); got != pa {
+		t.Fatalf("setting b's class again lost what it learned: %.3f, was %.3f", got, pa)
+	}
+	pool.SetClass(b, "")
+	if got := b.latency.Load().predict(&x, true); got == pa || pool.Class(b) != "" {
+		t.Fatalf("b left its class but predicts %.3f (class %q)", got, pool.Class(b))
+	}
+	if pool.Class(a) != "h100" || pool.Class(c) != "a10g" {
+		t.Fatalf("classes a %q, c %q", pool.Class(a), pool.Class(c))
 	}
 }

@@ -6,7 +6,8 @@
 // turn with the same closed-loop load (N concurrent streams) and reports
 // time to first byte and throughput; the summary gives medians over runs
 // and each path's added latency over calling the pods directly in the same
-// run.
+// run. The goproxy path is the plainest net/http reverse proxy (floor.go):
+// what any front door on Go's HTTP server costs here, before its own work.
 //
 //	go build -o /tmp/meridian ./cmd/meridian
 //	go run ./bench/latency --meridian /tmp/meridian --runs 5 --duration 8s
@@ -42,6 +43,7 @@ var (
 	meridianBin = flag.String("meridian", "", "path to a built meridian binary (required)")
 	tier1Bin    = flag.String("tier1-meridian", "", "meridian binary for the simulated pods and the shared Tier-1 (default: --meridian); set it to compare two Tier-2 builds in front of the same Tier-1")
 	nginxBin    = flag.String("nginx", "/usr/sbin/nginx", "path to nginx (skipped when absent)")
+	fastfloor   = flag.String("fastfloor", "", "path to a built bench/fastfloor binary, for the fastfloor path (the goproxy floor on fasthttp)")
 	concurrency = flag.Int("concurrency", 64, "concurrent streams")
 	duration    = flag.Duration("duration", 8*time.Second, "load per path per run")
 	runs        = flag.Int("runs", 5, "runs (medians are over runs)")
@@ -55,6 +57,7 @@ var (
 )
 
 func main() {
+	serveFloor()
 	flag.Parse()
 	log.SetFlags(0)
 	if *meridianBin == "" {
@@ -112,6 +115,19 @@ func main() {
 		pids["nginx"] = startNginx(ctx, dir, ng, t1, &procs)
 		waitHTTP("http://" + ng + "/healthz")
 		targets["nginx"] = "http://" + ng
+	}
+	if strings.Contains(*paths, "goproxy") {
+		gp := freeAddr()
+		pids["goproxy"] = startFloor(gp, t1, &procs)
+		waitHTTP("http://" + gp + "/healthz")
+		targets["goproxy"] = "http://" + gp
+	}
+	if *fastfloor != "" && strings.Contains(*paths, "fastfloor") {
+		ff := freeAddr()
+		start(*fastfloor, "--listen", ff, "--upstream", t1)
+		pids["fastfloor"] = procs[len(procs)-1].Process.Pid
+		waitHTTP("http://" + ff + "/healthz")
+		targets["fastfloor"] = "http://" + ff
 	}
 	order := strings.Split(*paths, ",")
 	results := map[string][]result{}

@@ -143,8 +143,11 @@ type poolState struct {
 	model    string
 	adapters []string
 	pool     *tier1.Pool
-	stats    *poolStats
-	gate     *priority.Gate // admission by band
+	// classLabel is the pod label naming each endpoint's latency class
+	// (config.SchedulerOptions.LatencyClassLabel); "" when classes are off.
+	classLabel string
+	stats      *poolStats
+	gate       *priority.Gate // admission by band
 	// thresholds turn the pool's pod metrics into its saturation: the
 	// scheduler's admission settings over Config.Admission's, swapped on
 	// every Apply.
@@ -261,6 +264,7 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 			g.pools[sc.Name] = ps
 		}
 		ps.model, ps.adapters = sc.ModelName, slices.Clone(sc.LoraAdapters)
+		ps.classLabel = latencyClassLabel(sc.Options)
 		// New bounds and waits apply to arrivals from now on; admitted
 		// requests keep their tickets.
 		gc, th := g.cfg.Admission.forPool(sc.Admission)
@@ -316,15 +320,15 @@ func (g *Gateway) SetPods(pods []discovery.Pod) {
 // discovery, and starts or stops scrape loops.
 func (g *Gateway) syncEndpointsLocked() {
 	t := g.table.Load()
-	want := map[string]map[string]string{} // pool → id → address
+	want := map[string]map[string]discovery.Target{} // pool → id → target
 	cluster := g.cfg.Cluster
 	if cluster == "" {
 		cluster = cmp.Or(t.gateway.Spec.Cluster, t.gateway.Metadata.Name)
 	}
 	for sched, targets := range discovery.Endpoints(t.snap, cluster, g.pods) {
-		m := make(map[string]string, len(targets))
+		m := make(map[string]discovery.Target, len(targets))
 		for _, tg := range targets {
-			m[tg.ID] = tg.Address
+			m[tg.ID] = tg
 		}
 		want[sched] = m
 	}
@@ -335,11 +339,29 @@ func (g *Gateway) syncEndpointsLocked() {
 				ps.pool.Remove(ep.ID)
 			}
 		}
-		for id, addr := range eps {
-			ps.pool.Add(id, addr)
+		for id, tg := range eps {
+			ep := ps.pool.Add(id, tg.Address)
+			class := ""
+			if ps.classLabel != "" {
+				class = tg.Labels[ps.classLabel]
+			}
+			ps.pool.SetClass(ep, class)
 		}
 		g.syncScrapersLocked(ps)
 	}
+}
+
+// latencyClassLabel is the label naming a pod's latency class under these
+// options: the configured one, tier1.DefaultLatencyClassLabel when none
+// is, "" when "-" turns classes off.
+func latencyClassLabel(o *config.SchedulerOptions) string {
+	if o == nil || o.LatencyClassLabel == "" {
+		return tier1.DefaultLatencyClassLabel
+	}
+	if o.LatencyClassLabel == "-" {
+		return ""
+	}
+	return o.LatencyClassLabel
 }
 
 func (g *Gateway) syncScrapersLocked(ps *poolState) {
