@@ -184,10 +184,10 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 		distinct[i] = map[uint64]int{}
 	}
 	for slot, p := range *x.pods.Load() {
-		n := 0
+		n, weight := 0, 0
 		for i := p.head; i != nilNode; i = x.node(i).next {
 			nd := x.node(i)
-			if pod := x.link(i).pod; pod != int32(slot) {
+			if pod := x.link(i).pod(); pod != int32(slot) {
 				t.Fatalf("node %d in slot %d's list says pod %d", i, slot, pod)
 			}
 			st := stripeOf(nd.hash)
@@ -205,7 +205,7 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 					t.Fatalf("chain of %x holds %x", nd.hash, x.node(j).hash)
 				}
 				found = found || j == i
-				chain = append(chain, x.link(j).pod)
+				chain = append(chain, x.link(j).pod())
 			}
 			if !found {
 				t.Fatalf("entry %x of slot %d unreachable", nd.hash, slot)
@@ -221,9 +221,10 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 			}
 			distinct[st][nd.hash]++
 			n++
+			weight += x.link(i).weight()
 		}
-		if n != p.n {
-			t.Fatalf("slot %d: %d listed, n = %d", slot, n, p.n)
+		if n != p.entries || weight != p.n {
+			t.Fatalf("slot %d: %d listed weighing %d blocks, entries = %d, n = %d", slot, n, weight, p.entries, p.n)
 		}
 	}
 	for st := range x.stripes {
