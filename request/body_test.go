@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -312,5 +313,31 @@ func TestWithModel(t *testing.T) {
 	}
 	if _, err := WithModel([]byte(`[1]`), "a", "b"); err == nil {
 		t.Fatal("a body that is not an object was accepted")
+	}
+}
+
+// TestPlainRun checks plainRun's eight-byte test against plainByte: every
+// byte value at every position of a word, after plain bytes and before
+// random ones (whose borrows and flags must not matter).
+func TestPlainRun(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	for pos := range 8 {
+		for c := range 256 {
+			b := make([]byte, 16)
+			for i := range b {
+				b[i] = byte('a' + r.IntN(26))
+			}
+			b[pos] = byte(c)
+			for i := pos + 1; i < len(b); i++ {
+				b[i] = byte(r.Uint32())
+			}
+			want := 0
+			for want < len(b) && plainByte[b[want]] {
+				want++
+			}
+			if got := plainRun(b, 0); got != want {
+				t.Fatalf("byte %#x at %d in %q: plainRun %d, want %d", c, pos, b, got, want)
+			}
+		}
 	}
 }

@@ -303,12 +303,13 @@ func (s *scanner) scanString(dst []byte, decode bool) (v []byte, decoded bool, e
 }
 
 // plainMask flags, in the high bit of each of x's eight bytes, the bytes
-// that end a string's plain run (plainRun): non-ASCII, below 0x20, '"' or
-// '\\'. Borrows only flag bytes above a flagged one, so the lowest flag is
-// exact.
+// that end a string's plain run (plainRun): non-ASCII (its own high bit),
+// below 0x20 (x − 0x20 wraps), '"' or '\\' (zero after the XOR, so − 1
+// wraps). A byte of a plain run sets none of them and borrows nothing from
+// the byte above, so the lowest flag is exact; flags above it may be
+// spurious.
 func plainMask(x uint64) uint64 {
-	q, e := x^quote, x^bslash
-	return (x | ((x - space) & ^x) | ((q - lsb) & ^q) | ((e - lsb) & ^e)) & msb
+	return (x | (x - space) | ((x ^ quote) - lsb) | ((x ^ bslash) - lsb)) & msb
 }
 
 // decodeInto is scanString's decoding when dst has room for the input from
@@ -324,13 +325,27 @@ func (s *scanner) decodeInto(dst []byte) (v []byte, decoded bool, err error) {
 	for {
 		// Here n − len(dst) ≤ i − start, so out has room for b[i:]: the
 		// second test only lets the compiler drop the bounds checks.
+		for i+16 <= len(b) && n+16 <= len(out) {
+			x, y := binary.LittleEndian.Uint64(b[i:]), binary.LittleEndian.Uint64(b[i+8:])
+			binary.LittleEndian.PutUint64(out[n:], x)
+			binary.LittleEndian.PutUint64(out[n+8:], y)
+			if mx, my := plainMask(x), plainMask(y); mx|my != 0 {
+				k := bits.TrailingZeros64(mx) >> 3 // 8 when mx is 0
+				if mx == 0 {
+					k += bits.TrailingZeros64(my) >> 3
+				}
+				i, n = i+k, n+k
+				goto special
+			}
+			i, n = i+16, n+16
+		}
 		for i+8 <= len(b) && n+8 <= len(out) {
 			x := binary.LittleEndian.Uint64(b[i:])
 			binary.LittleEndian.PutUint64(out[n:], x)
 			if m := plainMask(x); m != 0 {
 				k := bits.TrailingZeros64(m) >> 3
 				i, n = i+k, n+k
-				break
+				goto special
 			}
 			i, n = i+8, n+8
 		}
@@ -338,6 +353,7 @@ func (s *scanner) decodeInto(dst []byte) (v []byte, decoded bool, err error) {
 			out[n] = b[i]
 			i, n = i+1, n+1
 		}
+	special:
 		if i >= len(b) {
 			s.i = i
 			return nil, false, s.errorf("unterminated string")
