@@ -330,10 +330,11 @@ func (s *scanner) decodeInto(dst []byte) (v []byte, decoded bool, err error) {
 			binary.LittleEndian.PutUint64(out[n:], x)
 			binary.LittleEndian.PutUint64(out[n+8:], y)
 			if mx, my := plainMask(x), plainMask(y); mx|my != 0 {
-				k := bits.TrailingZeros64(mx) >> 3 // 8 when mx is 0
-				if mx == 0 {
-					k += bits.TrailingZeros64(my) >> 3
-				}
+				// The first flagged byte: in x, else in y. Without a branch
+				// (which word it is in is as likely one as the other): kx
+				// is 8 exactly when mx is 0, and kx>>3 is then 1.
+				kx, ky := bits.TrailingZeros64(mx)>>3, bits.TrailingZeros64(my)>>3
+				k := kx + ky&-(kx>>3)
 				i, n = i+k, n+k
 				goto special
 			}
