@@ -324,8 +324,14 @@ func TestDecisionPathAllocs(t *testing.T) {
 	if len(d.req.Hashes) != 256 {
 		t.Fatalf("%d blocks hashed, want 256", len(d.req.Hashes))
 	}
-	if x := f.s.pool.PrefixIndex(); !indexFull(x, 64, f.s.capacity(&f.ms[0])) {
+	x := f.s.pool.PrefixIndex()
+	if !indexFull(x, 64, f.s.capacity(&f.ms[0])) {
 		t.Fatalf("index not full: %s", indexFill(x))
+	}
+	// Meridian's index holds anchors, not blocks: at least 8 times fewer
+	// entries than the blocks it stands for (16 with these aligned prompts).
+	if n, blocks := x.Len(), 64*f.s.capacity(&f.ms[0]); n*8 > blocks {
+		t.Errorf("index holds %d entries for %d blocks, want at most an eighth", n, blocks)
 	}
 }
 

@@ -44,7 +44,8 @@ type PrefixEvent struct {
 // adds to different endpoints and matches run in parallel.
 //
 // Memory: one 24-byte node and one 8-byte holder link per (endpoint,
-// block) entry, in chunks of 4096 owned by the endpoint, plus one table
+// block) entry, in chunks of 2048 owned by the endpoint (small enough that
+// an anchored endpoint's last chunk, mostly empty, costs little), plus one table
 // slot per distinct block, 8 bytes and 8 more per 64 endpoint slots of
 // the pool (16 up to 64 pods), at 1/2 to 3/4 load; see
 // BenchmarkPrefixIndexMemory for the measured bytes per entry.
@@ -70,11 +71,12 @@ const (
 	stripeBits = 4
 	numStripes = 1 << stripeBits
 	stripeMask = numStripes - 1
-	chunkBits  = 12
+	chunkBits  = 11
 	chunkMask  = 1<<chunkBits - 1
 	// maxChunks bounds the nodes: 2^26 entries in all (64 pods of 1M
-	// blocks). Past it, new entries are not recorded.
-	maxChunks = 1 << 14
+	// blocks, or of 16M in anchored mode). Past it, new entries are not
+	// recorded.
+	maxChunks = 1 << 15
 	nilNode   = -1
 	// unresolvedNode marks, during an add, a block the endpoint holds
 	// whose node is not found yet.
