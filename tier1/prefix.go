@@ -44,11 +44,15 @@ type PrefixEvent struct {
 // adds to different endpoints and matches run in parallel.
 //
 // Memory: one 24-byte node and one 8-byte holder link per (endpoint,
-// block) entry, in chunks of 2048 owned by the endpoint (small enough that
-// an anchored endpoint's last chunk, mostly empty, costs little), plus one table
-// slot per distinct block, 8 bytes and 8 more per 64 endpoint slots of
-// the pool (16 up to 64 pods), at 1/2 to 3/4 load; see
+// block) entry, in chunks of 2048 owned by the endpoint (small enough
+// that an anchored endpoint's last chunk, mostly empty, costs little),
+// plus one table slot per distinct block, 8 bytes and 8 more per 64
+// endpoint slots of the pool (16 up to 64 pods), at 1/2 to 3/4 load; see
 // BenchmarkPrefixIndexMemory for the measured bytes per entry.
+//
+// Meridian mode uses the index anchored (addAnchored, matchAnchored): an
+// entry every anchorEvery blocks of a prompt, charged that many blocks.
+// GIE mode uses it exact (add, match): an entry a block.
 type PrefixIndex struct {
 	stripes [numStripes]stripe
 	podsMu  sync.Mutex                    // serialises growing pods
