@@ -325,20 +325,28 @@ func (s *scanner) decodeInto(dst []byte) (v []byte, decoded bool, err error) {
 	for {
 		// Here n − len(dst) ≤ i − start, so out has room for b[i:]: the
 		// second test only lets the compiler drop the bounds checks.
-		for i+16 <= len(b) && n+16 <= len(out) {
-			x, y := binary.LittleEndian.Uint64(b[i:]), binary.LittleEndian.Uint64(b[i+8:])
-			binary.LittleEndian.PutUint64(out[n:], x)
-			binary.LittleEndian.PutUint64(out[n+8:], y)
-			if mx, my := plainMask(x), plainMask(y); mx|my != 0 {
-				// The first flagged byte: in x, else in y. Without a branch
-				// (which word it is in is as likely one as the other): kx
-				// is 8 exactly when mx is 0, and kx>>3 is then 1.
-				kx, ky := bits.TrailingZeros64(mx)>>3, bits.TrailingZeros64(my)>>3
-				k := kx + ky&-(kx>>3)
-				i, n = i+k, n+k
-				goto special
+		// The loop walks src and to (b[i:] and out[n:]) so that the
+		// compiler sees their lengths and drops the bounds checks.
+		if src, to := b[i:], out[n:]; len(src) >= 16 && len(to) >= 16 {
+			for len(src) >= 16 && len(to) >= 16 {
+				x, y := binary.LittleEndian.Uint64(src), binary.LittleEndian.Uint64(src[8:])
+				binary.LittleEndian.PutUint64(to, x)
+				binary.LittleEndian.PutUint64(to[8:], y)
+				if mx, my := plainMask(x), plainMask(y); mx|my != 0 {
+					// The first flagged byte: in x, else in y. Without a
+					// branch (which word it is in is as likely one as the
+					// other): kx is 8 exactly when mx is 0, and kx>>3 is
+					// then 1.
+					kx, ky := bits.TrailingZeros64(mx)>>3, bits.TrailingZeros64(my)>>3
+					k := kx + ky&-(kx>>3)
+					d := len(b) - len(src) + k - i
+					i, n = i+d, n+d
+					goto special
+				}
+				src, to = src[16:], to[16:]
 			}
-			i, n = i+16, n+16
+			d := len(b) - len(src) - i
+			i, n = i+d, n+d
 		}
 		for i+8 <= len(b) && n+8 <= len(out) {
 			x := binary.LittleEndian.Uint64(b[i:])
