@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -312,5 +313,64 @@ func TestWithModel(t *testing.T) {
 	}
 	if _, err := WithModel([]byte(`[1]`), "a", "b"); err == nil {
 		t.Fatal("a body that is not an object was accepted")
+	}
+}
+
+// TestPlainRun checks plainRun's eight-byte test against plainByte: every
+// byte value at every position of a word, after plain bytes and before
+// random ones (whose borrows and flags must not matter).
+func TestPlainRun(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	for pos := range 8 {
+		for c := range 256 {
+			b := make([]byte, 16)
+			for i := range b {
+				b[i] = byte('a' + r.IntN(26))
+			}
+			b[pos] = byte(c)
+			for i := pos + 1; i < len(b); i++ {
+				b[i] = byte(r.Uint32())
+			}
+			want := 0
+			for want < len(b) && plainByte[b[want]] {
+				want++
+			}
+			if got := plainRun(b, 0); got != want {
+				t.Fatalf("byte %#x at %d in %q: plainRun %d, want %d", c, pos, b, got, want)
+			}
+		}
+	}
+}
+
+// TestParseLongEscaped checks the arena decoder's 64-byte blocks against
+// encoding/json: long prompts mixing plain runs of every length with every
+// kind of escape, raw and invalid UTF-8, across block boundaries.
+func TestParseLongEscaped(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 2))
+	pieces := []string{`\n`, `\"`, `\\`, `\/`, `\t`, `\u00e9`, `\u4e2d`, `\u0041`, `\ud83d\ude00`, `\ud800`,
+		"é", "中", "😀", "\xff", "]", "#", " "}
+	for range 3000 {
+		var sb strings.Builder
+		for sb.Len() < 100+r.IntN(700) {
+			if r.IntN(3) == 0 {
+				sb.WriteString(pieces[r.IntN(len(pieces))])
+				continue
+			}
+			for range r.IntN(80) {
+				sb.WriteByte(byte('a' + r.IntN(26)))
+			}
+		}
+		body := `{"model":"m","prompt":"` + sb.String() + `"}`
+		var want struct{ Prompt string }
+		if err := json.Unmarshal([]byte(body), &want); err != nil {
+			t.Fatalf("encoding/json: %v on %q", err, body)
+		}
+		got, err := Parse([]byte(body), 0)
+		if err != nil {
+			t.Fatalf("Parse: %v on %q", err, body)
+		}
+		if got.Prompt != want.Prompt {
+			t.Fatalf("prompt of %q:\n got %q\nwant %q", body, got.Prompt, want.Prompt)
+		}
 	}
 }

@@ -266,14 +266,7 @@ const (
 // parser's time.
 func plainRun(b []byte, i int) int {
 	for ; i+8 <= len(b); i += 8 {
-		x := binary.LittleEndian.Uint64(b[i:])
-		// Per byte, the high bit is set for: a non-ASCII byte; a byte
-		// below 0x20; a byte equal to '"' or '\\' (zero after the XOR).
-		// Borrows only flag bytes above a flagged one, so the lowest flag
-		// is exact.
-		q, e := x^quote, x^bslash
-		m := x | ((x - space) & ^x) | ((q - lsb) & ^q) | ((e - lsb) & ^e)
-		if m &= msb; m != 0 {
+		if m := plainMask(binary.LittleEndian.Uint64(b[i:])); m != 0 {
 			return i + bits.TrailingZeros64(m)/8
 		}
 	}
@@ -290,6 +283,13 @@ func (s *scanner) scanString(dst []byte, decode bool) (v []byte, decoded bool, e
 		return nil, false, err
 	}
 	start := s.i
+	// A decoded string is never longer than its JSON text but where
+	// invalid UTF-8 becomes U+FFFD; when dst has room for the rest of the
+	// input (the parser's arena always has), decode as it scans, without
+	// append's checks, leaving the rare cases to decodeString.
+	if decode && cap(dst)-len(dst) >= len(s.b)-start {
+		return s.decodeInto(dst)
+	}
 	// Fast path: plain ASCII without escapes.
 	s.i = plainRun(s.b, s.i)
 	if s.i < len(s.b) && s.b[s.i] == '"' {
@@ -299,68 +299,125 @@ func (s *scanner) scanString(dst []byte, decode bool) (v []byte, decoded bool, e
 	if !decode {
 		return s.decodeString(nil, false)
 	}
-	// A decoded string is never longer than its JSON text but where
-	// invalid UTF-8 becomes U+FFFD; when dst has room for the rest of the
-	// input (the parser's arena always has), decode without append's
-	// checks, leaving the rare cases to decodeString.
-	if cap(dst)-len(dst) >= len(s.b)-start {
-		return s.decodeInto(dst, start)
-	}
 	return s.decodeString(append(dst, s.b[start:s.i]...), true)
 }
 
+// plainMask flags, in the high bit of each of x's eight bytes, the bytes
+// that end a string's plain run (plainRun): non-ASCII (its own high bit),
+// below 0x20 (x − 0x20 wraps), '"' or '\\' (zero after the XOR, so − 1
+// wraps). A byte of a plain run sets none of them and borrows nothing from
+// the byte above, so the lowest flag is exact; flags above it may be
+// spurious.
+func plainMask(x uint64) uint64 {
+	return (x | (x - space) | ((x ^ quote) - lsb) | ((x ^ bslash) - lsb)) & msb
+}
+
 // decodeInto is scanString's decoding when dst has room for the input from
-// start on; the cursor is at the first byte after start's plain run.
-func (s *scanner) decodeInto(dst []byte, start int) (v []byte, decoded bool, err error) {
+// the cursor on. It copies eight bytes at a time to dst as it scans them
+// (the bytes past the end of a plain run are overwritten by what follows,
+// or lie past the result), so that plain text costs one load, one store
+// and the test of plainMask per eight bytes, with no call per run.
+func (s *scanner) decodeInto(dst []byte) (v []byte, decoded bool, err error) {
+	b := s.b
 	out := dst[:cap(dst)]
-	n := len(dst) + copy(out[len(dst):], s.b[start:s.i])
-	for s.i < len(s.b) {
-		c := s.b[s.i]
+	n := len(dst)
+	i := s.i
+	for {
+		// Here n − len(dst) ≤ i − start, so out has room for b[i:]: the
+		// second test only lets the compiler drop the bounds checks.
+		// The loop walks src and to (b[i:] and out[n:]) so that the
+		// compiler sees their lengths and drops the bounds checks.
+		if src, to := b[i:], out[n:]; len(src) >= 16 && len(to) >= 16 {
+			for len(src) >= 16 && len(to) >= 16 {
+				x, y := binary.LittleEndian.Uint64(src), binary.LittleEndian.Uint64(src[8:])
+				binary.LittleEndian.PutUint64(to, x)
+				binary.LittleEndian.PutUint64(to[8:], y)
+				if mx, my := plainMask(x), plainMask(y); mx|my != 0 {
+					// The first flagged byte: in x, else in y. Without a
+					// branch (which word it is in is as likely one as the
+					// other): kx is 8 exactly when mx is 0, and kx>>3 is
+					// then 1.
+					kx, ky := bits.TrailingZeros64(mx)>>3, bits.TrailingZeros64(my)>>3
+					k := kx + ky&-(kx>>3)
+					d := len(b) - len(src) + k - i
+					i, n = i+d, n+d
+					goto special
+				}
+				src, to = src[16:], to[16:]
+			}
+			d := len(b) - len(src) - i
+			i, n = i+d, n+d
+		}
+		for i+8 <= len(b) && n+8 <= len(out) {
+			x := binary.LittleEndian.Uint64(b[i:])
+			binary.LittleEndian.PutUint64(out[n:], x)
+			if m := plainMask(x); m != 0 {
+				k := bits.TrailingZeros64(m) >> 3
+				i, n = i+k, n+k
+				goto special
+			}
+			i, n = i+8, n+8
+		}
+		for i < len(b) && n < len(out) && plainByte[b[i]] {
+			out[n] = b[i]
+			i, n = i+1, n+1
+		}
+	special:
+		if i >= len(b) {
+			s.i = i
+			return nil, false, s.errorf("unterminated string")
+		}
+		c := b[i]
 		switch {
 		case c == '"':
-			s.i++
+			s.i = i + 1
 			return out[:n], true, nil
-		case c == '\\' && s.i+1 < len(s.b):
-			e := s.b[s.i+1]
+		case c == '\\' && i+1 < len(b):
+			e := b[i+1]
 			if d := unescaped[e]; d != 0 {
 				out[n] = d
 				n++
-				s.i += 2
-				break
+				i += 2
+				continue
 			}
 			r, ok := rune(0), false
-			if e == 'u' && s.i+6 <= len(s.b) {
-				r, ok = hex4(s.b[s.i+2 : s.i+6])
+			if e == 'u' && i+6 <= len(b) {
+				r, ok = hex4(b[i+2 : i+6])
 			}
 			if !ok || utf16.IsSurrogate(r) {
+				s.i = i
 				return s.decodeString(out[:n], true) // pairs and errors
 			}
-			if r < utf8.RuneSelf {
+			// UTF-8 of a rune below 0x10000 that is not a surrogate, in
+			// place: the six bytes of the escape leave room for it.
+			switch {
+			case r < utf8.RuneSelf:
 				out[n] = byte(r)
 				n++
-			} else {
-				n += len(utf8.AppendRune(out[n:n], r))
+			case r < 0x800:
+				out[n], out[n+1] = 0xc0|byte(r>>6), 0x80|byte(r)&0x3f
+				n += 2
+			default:
+				out[n], out[n+1], out[n+2] = 0xe0|byte(r>>12), 0x80|byte(r>>6)&0x3f, 0x80|byte(r)&0x3f
+				n += 3
 			}
-			s.i += 6
+			i += 6
 		case c < 0x20:
+			s.i = i
 			return nil, false, s.errorf("control character 0x%02x in string", c)
-		case c < utf8.RuneSelf:
-			out[n] = c
-			n++
-			s.i++
+		case c < utf8.RuneSelf: // a lone backslash at the end
+			s.i = i
+			return s.decodeString(out[:n], true)
 		default:
-			r, size := utf8.DecodeRune(s.b[s.i:])
+			r, size := utf8.DecodeRune(b[i:])
 			if r == utf8.RuneError && size == 1 {
+				s.i = i
 				return s.decodeString(out[:n], true) // U+FFFD is longer
 			}
-			n += copy(out[n:], s.b[s.i:s.i+size])
-			s.i += size
+			n += copy(out[n:], b[i:i+size])
+			i += size
 		}
-		run := plainRun(s.b, s.i)
-		n += copy(out[n:], s.b[s.i:run])
-		s.i = run
 	}
-	return nil, false, s.errorf("unterminated string")
 }
 
 // decodeString consumes the rest of a string whose plain run the cursor

@@ -166,7 +166,7 @@ func (p *Pool) applyPrefixEvent(ev PrefixEvent, blockSize, defaultCapacity int) 
 	if ep == nil {
 		return false
 	}
-	p.index.add(ep.slot, meridianCapacity(ep.Metrics(), blockSize, defaultCapacity), ev.Stamp, ev.Hashes, false)
+	p.index.addAnchored(ep.slot, meridianCapacity(ep.Metrics(), blockSize, defaultCapacity), ev.Stamp, ev.Hashes)
 	return true
 }
 

@@ -44,10 +44,15 @@ type PrefixEvent struct {
 // adds to different endpoints and matches run in parallel.
 //
 // Memory: one 24-byte node and one 8-byte holder link per (endpoint,
-// block) entry, in chunks of 4096 owned by the endpoint, plus one table
-// slot per distinct block, 8 bytes and 8 more per 64 endpoint slots of
-// the pool (16 up to 64 pods), at 1/2 to 3/4 load; see
+// block) entry, in chunks of 2048 owned by the endpoint (small enough
+// that an anchored endpoint's last chunk, mostly empty, costs little),
+// plus one table slot per distinct block, 8 bytes and 8 more per 64
+// endpoint slots of the pool (16 up to 64 pods), at 1/2 to 3/4 load; see
 // BenchmarkPrefixIndexMemory for the measured bytes per entry.
+//
+// Meridian mode uses the index anchored (addAnchored, matchAnchored): an
+// entry every anchorEvery blocks of a prompt, charged that many blocks.
+// GIE mode uses it exact (add, match): an entry a block.
 type PrefixIndex struct {
 	stripes [numStripes]stripe
 	podsMu  sync.Mutex                    // serialises growing pods
@@ -70,11 +75,12 @@ const (
 	stripeBits = 4
 	numStripes = 1 << stripeBits
 	stripeMask = numStripes - 1
-	chunkBits  = 12
+	chunkBits  = 11
 	chunkMask  = 1<<chunkBits - 1
 	// maxChunks bounds the nodes: 2^26 entries in all (64 pods of 1M
-	// blocks). Past it, new entries are not recorded.
-	maxChunks = 1 << 14
+	// blocks, or of 16M in anchored mode). Past it, new entries are not
+	// recorded.
+	maxChunks = 1 << 15
 	nilNode   = -1
 	// unresolvedNode marks, during an add, a block the endpoint holds
 	// whose node is not found yet.
@@ -108,10 +114,33 @@ type prefixNode struct {
 // holderLink chains the nodes holding one hash, under the hash's stripe's
 // lock. It lives apart from the node, densely packed, so that walking a
 // hash's holders touches 8 bytes a holder instead of a 24-byte node.
+//
+// It also keeps the entry's weight: how many prompt blocks the entry stands
+// for (1 for an exact entry; up to anchorEvery for an anchor, see
+// addAnchored), which is what it is charged against its endpoint's
+// capacity. The weight lives here rather than in the node so that a node
+// stays 24 bytes.
 type holderLink struct {
-	pod  int32 // endpoint slot
-	same int32 // next node with the same hash (another endpoint)
+	podw uint32 // endpoint slot in the low 24 bits, weight − 1 in the top 8
+	same int32  // next node with the same hash (another endpoint)
 }
+
+const (
+	podBits = 24
+	podMask = 1<<podBits - 1
+	// maxWeight is the largest weight a link can keep.
+	maxWeight = 1 << (32 - podBits)
+)
+
+func newLink(pod int32, weight int, same int32) holderLink {
+	return holderLink{podw: uint32(pod) | uint32(weight-1)<<podBits, same: same}
+}
+
+// pod is the endpoint slot holding the entry.
+func (l *holderLink) pod() int32 { return int32(l.podw & podMask) }
+
+// weight is how many blocks the entry is charged.
+func (l *holderLink) weight() int { return int(l.podw>>podBits) + 1 }
 
 // podEntries is one endpoint's entries, newest first. Its list and
 // counts, its nodes' fields but the links, and its slab change only under
@@ -119,19 +148,21 @@ type holderLink struct {
 type podEntries struct {
 	mu         sync.Mutex
 	head, tail int32
-	n          int
-	capacity   int
+	n          int // blocks held: the entries' weights
+	entries    int
+	capacity   int // in blocks
 	// The endpoint's slab: its chunks, the nodes handed out from them,
 	// and its free nodes (a list through next; nilNode when empty).
 	chunks []int32
 	used   int32
 	free   int32
 	// Scratch for add, under mu.
-	found  []int32 // per block of the event: its node, or nilNode
-	fresh  []bool  // per block: the node was made by this add
-	byRank []int32 // block (or evicted node) positions grouped by stripe
-	gone   []int32 // nodes to free
-	sink   uint32  // keeps the prefetching loads
+	found   []int32  // per block of the event: its node, or nilNode
+	fresh   []bool   // per block: the node was made by this add
+	byRank  []int32  // block (or evicted node) positions grouped by stripe
+	gone    []int32  // nodes to free
+	anchors []uint64 // addAnchored's entries
+	sink    uint32   // keeps the prefetching loads
 }
 
 // NewPrefixIndex returns an empty index.
@@ -217,29 +248,111 @@ func newer(a *prefixNode, stamp int64, hash uint64) bool {
 	return a.stamp > stamp || (a.stamp == stamp && a.hash > hash)
 }
 
-// add records hashes for an endpoint slot at stamp, with room for capacity
-// entries (capacity ≤ 0 keeps the current one). gie selects GIE's
-// behaviour: later blocks of an event are newer, and an endpoint's
-// capacity is fixed by its first add. It returns how many leading blocks
-// the endpoint already held.
+// add records hashes for an endpoint slot at stamp, one entry a block (the
+// exact index, which GIE mode keeps), with room for capacity entries
+// (capacity ≤ 0 keeps the current one). gie selects GIE's behaviour: later
+// blocks of an event are newer, and an endpoint's capacity is fixed by its
+// first add. It returns how many leading blocks the endpoint already held.
+func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64, gie bool) (held int) {
+	if len(hashes) == 0 || slot > podMask {
+		return 0
+	}
+	p := x.pod(slot)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return x.addLocked(p, slot, capacity, stamp, hashes, 1, 1, gie)
+}
+
+// anchorEvery is k of the anchored index (Meridian mode): an endpoint's
+// entries are the hashes of every k-th block of the prompts it was sent,
+// plus each prompt's last block. See addAnchored.
+const anchorEvery = 16
+
+// anchorsOf appends to dst the anchors of a prompt of len(hashes) blocks:
+// the hashes of blocks k−1, 2k−1, … and of the last block.
+func anchorsOf(dst, hashes []uint64, k int) []uint64 {
+	for i := k - 1; i < len(hashes); i += k {
+		dst = append(dst, hashes[i])
+	}
+	if n := len(hashes); n%k != 0 {
+		dst = append(dst, hashes[n-1])
+	}
+	return dst
+}
+
+// addAnchored is add for the anchored index of Meridian mode: it records
+// only the prompt's anchors (anchorsOf with k = anchorEvery), each charged
+// the blocks it stands for (k, and the last one the blocks after the last
+// whole run of k), so that capacity stays a number of blocks while the
+// index holds a k-th of the entries, with a k-th of the cache misses a
+// dispatch and a match cost.
+//
+// That loses nothing about which prefixes an endpoint was sent: a block's
+// hash covers the whole prefix up to it (request.BlockHashes), so holding
+// block i's hash means having been sent blocks 0..i. It loses only where,
+// between two anchors, two prompts diverge: a match reports the last
+// anchor both share, plus what matchAnchored's second look finds. Within
+// an event the stamps fall by a nanosecond per anchor, so an anchor is
+// always newer than every later anchor of any prompt holding both (each
+// event holding the later one holds the earlier one, with a greater
+// stamp); eviction, oldest first, therefore keeps each endpoint's anchors
+// closed under prefixes, as vLLM's tail-first eviction keeps its blocks.
+//
+// It returns how many leading blocks of hashes the endpoint already held:
+// up to its last held leading anchor, then the last block before the next
+// anchor that it holds as some earlier prompt's last block (a
+// conversation's previous turn), if any.
+func (x *PrefixIndex) addAnchored(slot int32, capacity int, stamp int64, hashes []uint64) (held int) {
+	const k = anchorEvery
+	n := len(hashes)
+	if n == 0 || slot > podMask {
+		return 0
+	}
+	p := x.pod(slot)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.anchors = anchorsOf(p.anchors[:0], hashes, k)
+	last := n - (len(p.anchors)-1)*k // the last anchor's weight
+	a := x.addLocked(p, slot, capacity, stamp, p.anchors, k, last, false)
+	if a == len(p.anchors) {
+		return n
+	}
+	// Blocks a·k .. up to the next anchor (not held): the last one the
+	// endpoint holds, as a prompt's last block.
+	for i := min((a+1)*k-1, n-1) - 1; i >= a*k; i-- {
+		h := hashes[i]
+		st := &x.stripes[stripeOf(h)]
+		st.mu.RLock()
+		ok, _, _ := st.table.holds(h, slot, x)
+		st.mu.RUnlock()
+		if ok {
+			return i + 1
+		}
+	}
+	return a * k
+}
+
+// addLocked is add with p (slot's entries) locked, for entries each
+// charged step blocks but the last, charged last blocks. It returns how
+// many leading entries the endpoint already held.
 //
 // It works in passes so that each stripe's lock is taken once: find the
 // endpoint's node of every block it holds and make nodes for the others,
 // stripe by stripe; restamp and link the entries into the endpoint's list
 // in block order; unlink the oldest entries beyond capacity; free them,
 // stripe by stripe.
-func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64, gie bool) (held int) {
-	if len(hashes) == 0 {
-		return 0
-	}
-	p := x.pod(slot)
-	p.mu.Lock()
-	defer p.mu.Unlock()
+func (x *PrefixIndex) addLocked(p *podEntries, slot int32, capacity int, stamp int64, hashes []uint64, step, last int, gie bool) (held int) {
 	if capacity > 0 && (p.capacity == 0 || !gie) {
 		p.capacity = capacity
 	}
-	if p.capacity <= 0 {
+	if p.capacity <= 0 || len(hashes) == 0 {
 		return 0
+	}
+	weightOf := func(i int) int {
+		if i == len(hashes)-1 {
+			return last
+		}
+		return step
 	}
 	stampOf := func(i int) int64 {
 		if gie {
@@ -277,7 +390,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 		}
 		for _, i := range run {
 			if _, head, _ := st.table.holds(hashes[i], slot, x); head != nilNode {
-				p.sink += uint32(x.link(head).pod)
+				p.sink += x.link(head).podw
 			}
 		}
 		for _, i := range run {
@@ -293,7 +406,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 			}
 			if held {
 				j := head
-				for x.link(j).pod != slot { // the bitmap says it is there
+				for x.link(j).pod() != slot { // the bitmap says it is there
 					j = x.link(j).same
 				}
 				p.found[i] = j
@@ -307,7 +420,7 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 				continue
 			}
 			*x.node(j) = prefixNode{hash: h, stamp: s, prev: nilNode, next: nilNode}
-			*x.link(j) = holderLink{pod: slot, same: head} // head is nilNode when the hash is new
+			*x.link(j) = newLink(slot, weightOf(int(i)), head) // head is nilNode when the hash is new
 			st.table.add(h, j, slot, x)
 			p.found[i], p.fresh[i] = j, true
 		}
@@ -355,7 +468,8 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 		switch s := stampOf(i); {
 		case !existed:
 			x.insert(p, j, hint)
-			p.n++
+			p.n += x.link(j).weight()
+			p.entries++
 		case s > nd.stamp:
 			x.unlink(p, j)
 			nd.stamp = s
@@ -369,7 +483,8 @@ func (x *PrefixIndex) add(slot int32, capacity int, stamp int64, hashes []uint64
 	for p.n > p.capacity {
 		i := p.tail
 		x.unlink(p, i)
-		p.n--
+		p.n -= x.link(i).weight()
+		p.entries--
 		p.gone = append(p.gone, i)
 	}
 	x.free(p, p.gone)
@@ -398,7 +513,7 @@ func (x *PrefixIndex) holder(slot int32, h uint64) int32 {
 		return nilNode
 	}
 	for j := head; j != nilNode; j = x.link(j).same {
-		if x.link(j).pod == slot {
+		if x.link(j).pod() == slot {
 			return j
 		}
 	}
@@ -557,7 +672,7 @@ func (x *PrefixIndex) drop(p *podEntries, st *stripe, i int32) {
 				}
 			}
 		}
-		st.table.removeAt(k, l.pod, head, x)
+		st.table.removeAt(k, l.pod(), head, x)
 	}
 	n.next = p.free
 	p.free = i
@@ -576,15 +691,16 @@ func (x *PrefixIndex) removePod(slot int32) {
 		p.gone = append(p.gone, i)
 	}
 	x.free(p, p.gone)
-	p.head, p.tail, p.n, p.capacity = nilNode, nilNode, 0, 0
+	p.head, p.tail, p.n, p.entries, p.capacity = nilNode, nilNode, 0, 0, 0
 }
 
 // matchScratch is a match's working memory, reused across matches by one
 // caller at a time.
 type matchScratch struct {
-	byRank []int32  // block positions grouped by stripe
-	held   []uint64 // per block, its bitmap's words
-	sink   uint32   // keeps the prefetching loads
+	anchors []uint64 // matchAnchored's anchors
+	byRank  []int32  // block positions grouped by stripe
+	held    []uint64 // per block, its bitmap's words
+	sink    uint32   // keeps the prefetching loads
 }
 
 // match counts, for every endpoint slot, the leading blocks of hashes it
@@ -608,28 +724,7 @@ func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool, s
 	if nw == 0 || n == 0 {
 		return 0
 	}
-	sc.held = grow(sc.held, n*nw)
-	sc.byRank = groupByStripe(sc.byRank, n, func(i int) (int32, bool) {
-		return stripeOf(hashes[i]), true
-	})
-	for run := range stripeRuns(sc.byRank) {
-		st := &x.stripes[stripeOf(hashes[run[0]])]
-		st.mu.RLock()
-		for _, i := range run {
-			sc.sink += st.table.touch(hashes[i])
-		}
-		for _, i := range run {
-			k := st.table.findTag(hashes[i])
-			for w := range nw {
-				v := uint64(0)
-				if k >= 0 {
-					v = st.table.bits(k, w)
-				}
-				sc.held[int(i)*nw+w] = v
-			}
-		}
-		st.mu.RUnlock()
-	}
+	x.loadBitmaps(hashes, nw, sc)
 	var buf [8]uint64
 	live := buf[:0]
 	if nw > len(buf) {
@@ -675,6 +770,114 @@ func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool, s
 	return n
 }
 
+// loadBitmaps fills sc.held with the first nw words of each hash's bitmap
+// (0 for a hash no endpoint holds), one stripe at a time.
+func (x *PrefixIndex) loadBitmaps(hashes []uint64, nw int, sc *matchScratch) {
+	sc.held = grow(sc.held, len(hashes)*nw)
+	sc.byRank = groupByStripe(sc.byRank, len(hashes), func(i int) (int32, bool) {
+		return stripeOf(hashes[i]), true
+	})
+	for run := range stripeRuns(sc.byRank) {
+		st := &x.stripes[stripeOf(hashes[run[0]])]
+		st.mu.RLock()
+		for _, i := range run {
+			sc.sink += st.table.touch(hashes[i])
+		}
+		for _, i := range run {
+			k := st.table.findTag(hashes[i])
+			for w := range nw {
+				v := uint64(0)
+				if k >= 0 {
+					v = st.table.bits(k, w)
+				}
+				sc.held[int(i)*nw+w] = v
+			}
+		}
+		st.mu.RUnlock()
+	}
+}
+
+// matchAnchored is match (consecutive) for the anchored index that
+// addAnchored keeps: it counts, for every endpoint slot, the leading
+// blocks of hashes it was sent, into counts (zeroed by the caller). It
+// reads the bitmaps of the prompt's anchors (blocks k−1, 2k−1, …, k =
+// anchorEvery), and a slot's count is k times the leading anchors it
+// holds. Then, for the slots that hold the most, it reads the blocks
+// between their last anchor and the next, the last held of which (an
+// earlier prompt's last block, say a conversation's previous turn) sets
+// their count. Other slots' counts may fall short of the truth by up to
+// k−1 blocks. It returns the largest count.
+//
+// Because an endpoint's anchors stay closed under prefixes (see
+// addAnchored), counting its leading anchors is the same as finding its
+// last one.
+func (x *PrefixIndex) matchAnchored(hashes []uint64, counts []int32, sc *matchScratch) int {
+	const k = anchorEvery
+	nw := (len(counts) + 63) / 64
+	n := len(hashes)
+	if nw == 0 || n == 0 {
+		return 0
+	}
+	sc.anchors = sc.anchors[:0]
+	for i := k - 1; i < n; i += k {
+		sc.anchors = append(sc.anchors, hashes[i])
+	}
+	na := len(sc.anchors)
+	x.loadBitmaps(sc.anchors, nw, sc)
+	var buf [8]uint64
+	live := buf[:0]
+	if nw > len(buf) {
+		live = make([]uint64, 0, nw)
+	}
+	for w := range nw {
+		m := ^uint64(0)
+		if rest := len(counts) - 64*w; rest < 64 {
+			m = 1<<rest - 1
+		}
+		live = append(live, m)
+	}
+	// a: the leading anchors the best slots hold; live: those slots.
+	a := 0
+	for ; a < na; a++ {
+		any := false
+		for w := range live {
+			now := live[w] & sc.held[a*nw+w]
+			any = any || now != 0
+		}
+		if !any {
+			break
+		}
+		for w := range live {
+			now := live[w] & sc.held[a*nw+w]
+			for gone := live[w] &^ now; gone != 0; gone &= gone - 1 {
+				counts[64*w+bits.TrailingZeros64(gone)] = int32(a * k)
+			}
+			live[w] = now
+		}
+	}
+	// The best slots hold blocks 0..a·k−1; look between there and the next
+	// anchor (or the prompt's end) for a last block that they hold.
+	best := a * k
+	lo, hi := a*k, min((a+1)*k-1, n) // blocks lo..hi−1
+	x.loadBitmaps(hashes[lo:hi], nw, sc)
+	for w := range live {
+		m := live[w]
+		for ; m != 0; m &= m - 1 {
+			slot := 64*w + bits.TrailingZeros64(m)
+			c := a * k
+			for i := hi - 1; i >= lo; i-- {
+				if sc.held[(i-lo)*nw+w]&(1<<(slot&63)) != 0 {
+					c = i + 1
+					break
+				}
+			}
+			counts[slot] = int32(c)
+			best = max(best, c)
+		}
+	}
+	return best
+}
+
 // matchOne is match for one slot.
 func (x *PrefixIndex) matchOne(slot int32, hashes []uint64, consecutive bool) int {
 	got := 0
@@ -692,15 +895,28 @@ func (x *PrefixIndex) matchOne(slot int32, hashes []uint64, consecutive bool) in
 	return got
 }
 
-// Len returns the number of (endpoint, block) entries held.
+// Len returns the number of (endpoint, block) entries held; an anchor is
+// one entry.
 func (x *PrefixIndex) Len() int {
 	n := 0
 	for _, p := range *x.pods.Load() {
 		p.mu.Lock()
-		n += p.n
+		n += p.entries
 		p.mu.Unlock()
 	}
 	return n
+}
+
+// Blocks returns, per endpoint slot, the blocks its entries stand for (what
+// is charged against its capacity: an anchor stands for up to anchorEvery
+// blocks) and its capacity in blocks.
+func (x *PrefixIndex) Blocks() (held, capacity []int) {
+	for _, p := range *x.pods.Load() {
+		p.mu.Lock()
+		held, capacity = append(held, p.n), append(capacity, p.capacity)
+		p.mu.Unlock()
+	}
+	return held, capacity
 }
 
 // entries lists a slot's entries newest first, for tests.

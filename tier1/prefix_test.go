@@ -135,8 +135,20 @@ func TestPrefixIndexConvergence(t *testing.T) {
 
 // BenchmarkPrefixIndexMemory fills an index to capacity (64 endpoints ×
 // 31,250 blocks, GIE's default, with prompts sharing prefixes the way a
-// system prompt is shared) and reports the heap bytes per entry.
+// system prompt is shared) and reports the heap bytes per entry and per
+// block held: exact is GIE mode's index (an entry a block), anchored
+// Meridian's (an entry every anchorEvery blocks).
 func BenchmarkPrefixIndexMemory(b *testing.B) {
+	for _, anchored := range []bool{false, true} {
+		name := "exact"
+		if anchored {
+			name = "anchored"
+		}
+		b.Run(name, func(b *testing.B) { benchIndexMemory(b, anchored) })
+	}
+}
+
+func benchIndexMemory(b *testing.B, anchored bool) {
 	for b.Loop() {
 		b.StopTimer()
 		runtime.GC()
@@ -148,7 +160,7 @@ func BenchmarkPrefixIndexMemory(b *testing.B) {
 		stamp := int64(1)
 		hashes := make([]uint64, 256)
 		b.StartTimer()
-		for x.Len() < pods*capacity {
+		for full := 0; full < pods; {
 			// A prompt: 16 blocks of one of 50 shared system prompts, then
 			// 240 unique blocks.
 			sys := uint64(r.IntN(50)) << 40
@@ -159,13 +171,31 @@ func BenchmarkPrefixIndexMemory(b *testing.B) {
 					hashes[i] = r.Uint64()
 				}
 			}
-			x.add(int32(r.IntN(pods)), capacity, stamp, hashes, false)
+			if anchored {
+				x.addAnchored(int32(r.IntN(pods)), capacity, stamp, hashes)
+			} else {
+				x.add(int32(r.IntN(pods)), capacity, stamp, hashes, false)
+			}
 			stamp += 1000
+			held, _ := x.Blocks()
+			full = 0
+			for _, h := range held {
+				if h > capacity-anchorEvery {
+					full++
+				}
+			}
 		}
 		b.StopTimer()
 		runtime.GC()
 		runtime.ReadMemStats(&after)
-		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(x.Len()), "bytes/entry")
+		held, _ := x.Blocks()
+		blocks := 0
+		for _, h := range held {
+			blocks += h
+		}
+		heap := float64(after.HeapAlloc - before.HeapAlloc)
+		b.ReportMetric(heap/float64(x.Len()), "bytes/entry")
+		b.ReportMetric(heap/float64(blocks), "bytes/block")
 		b.ReportMetric(float64(x.Len()), "entries")
 		runtime.KeepAlive(x)
 		b.StartTimer()
@@ -184,10 +214,10 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 		distinct[i] = map[uint64]int{}
 	}
 	for slot, p := range *x.pods.Load() {
-		n := 0
+		n, weight := 0, 0
 		for i := p.head; i != nilNode; i = x.node(i).next {
 			nd := x.node(i)
-			if pod := x.link(i).pod; pod != int32(slot) {
+			if pod := x.link(i).pod(); pod != int32(slot) {
 				t.Fatalf("node %d in slot %d's list says pod %d", i, slot, pod)
 			}
 			st := stripeOf(nd.hash)
@@ -205,7 +235,7 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 					t.Fatalf("chain of %x holds %x", nd.hash, x.node(j).hash)
 				}
 				found = found || j == i
-				chain = append(chain, x.link(j).pod)
+				chain = append(chain, x.link(j).pod())
 			}
 			if !found {
 				t.Fatalf("entry %x of slot %d unreachable", nd.hash, slot)
@@ -221,9 +251,10 @@ func checkIndex(t *testing.T, x *PrefixIndex) {
 			}
 			distinct[st][nd.hash]++
 			n++
+			weight += x.link(i).weight()
 		}
-		if n != p.n {
-			t.Fatalf("slot %d: %d listed, n = %d", slot, n, p.n)
+		if n != p.entries || weight != p.n {
+			t.Fatalf("slot %d: %d listed weighing %d blocks, entries = %d, n = %d", slot, n, weight, p.entries, p.n)
 		}
 	}
 	for st := range x.stripes {
@@ -312,4 +343,164 @@ func TestPrefixIndexWidePool(t *testing.T) {
 			}
 		}
 	}
+}
+
+// chain returns n chained hashes, block i's covering blocks 0..i as
+// request.BlockHashes's do: prompts built from the same (id, i) pairs share
+// a prefix exactly as long as their first difference.
+func chain(ids ...uint64) []uint64 {
+	out := make([]uint64, len(ids))
+	h := uint64(0x9e3779b97f4a7c15)
+	for i, id := range ids {
+		h = (h ^ id) * 0x100000001b3
+		h ^= h >> 29
+		out[i] = h
+	}
+	return out
+}
+
+// prompt is the chain over ids base, base+1, …, base+n−1.
+func prompt(base, n int) []uint64 { return chain(ids(base, n)...) }
+
+func anchoredCounts(x *PrefixIndex, hashes []uint64, slots int) []int32 {
+	c := make([]int32, slots)
+	x.matchAnchored(hashes, c, &matchScratch{})
+	return c
+}
+
+// TestPrefixIndexAnchored pins the anchored index of Meridian mode: a
+// prompt is held as every 16th block plus its last, charged in blocks; a
+// match counts whole runs of 16, plus a prompt's last block found between
+// the best slots' last anchor and the next (a conversation's previous
+// turn); the dispatch reports the same.
+func TestPrefixIndexAnchored(t *testing.T) {
+	x := NewPrefixIndex()
+	p := prompt(0, 40) // anchors at blocks 15, 31 and 39
+	if held := x.addAnchored(0, 1000, 1000, p); held != 0 {
+		t.Fatalf("first add: held %d, want 0", held)
+	}
+	if got := x.Len(); got != 3 {
+		t.Errorf("Len = %d entries, want 3 (blocks 15, 31, 39)", got)
+	}
+	if held, _ := x.Blocks(); held[0] != 40 {
+		t.Errorf("slot 0 is charged %d blocks, want 40", held[0])
+	}
+	// The same prompt: all of it. A longer one (the next turn): the 40
+	// blocks, found as the previous prompt's last block. One that diverges
+	// at block 20: the 16 blocks up to the shared anchor.
+	next := chain(append(ids(0, 40), ids(500, 30)...)...)
+	diverged := chain(append(ids(0, 20), ids(900, 30)...)...)
+	for _, tc := range []struct {
+		name   string
+		hashes []uint64
+		want   int32
+	}{{"same", p, 40}, {"next turn", next, 40}, {"diverged at 20", diverged, 16}, {"first 10", p[:10], 0}} {
+		if got := anchoredCounts(x, tc.hashes, 2); got[0] != tc.want || got[1] != 0 {
+			t.Errorf("%s: counts %v, want [%d 0]", tc.name, got, tc.want)
+		}
+	}
+	if held := x.addAnchored(0, 1000, 2000, next); held != 40 {
+		t.Errorf("next turn's dispatch: held %d, want 40", held)
+	}
+	// A short prompt is one entry, its last block.
+	x.addAnchored(1, 1000, 1000, prompt(0, 5))
+	if got := anchoredCounts(x, prompt(0, 9), 2); got[1] != 5 {
+		t.Errorf("short prompt: slot 1 matched %d, want 5", got[1])
+	}
+	checkIndex(t, x)
+}
+
+func ids(base, n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(base + i)
+	}
+	return out
+}
+
+// TestPrefixIndexAnchoredEviction checks that a full endpoint keeps whole
+// prefixes: the newest anchors whose blocks fit its capacity, a prompt's
+// head before its tail, so that counting leading anchors finds all it
+// holds; and that re-adding in another order converges.
+func TestPrefixIndexAnchoredEviction(t *testing.T) {
+	x := NewPrefixIndex()
+	a, b := prompt(0, 64), prompt(1000, 64) // 4 anchors of 16 blocks each
+	x.addAnchored(0, 96, 1000, a)
+	x.addAnchored(0, 96, 2000, b) // 128 blocks > 96: a's last two anchors go
+	if got := anchoredCounts(x, a, 1)[0]; got != 32 {
+		t.Errorf("older prompt: %d blocks kept, want 32 (its head)", got)
+	}
+	if got := anchoredCounts(x, b, 1)[0]; got != 64 {
+		t.Errorf("newer prompt: %d blocks, want 64", got)
+	}
+	if held, _ := x.Blocks(); held[0] != 96 {
+		t.Errorf("charged %d blocks, want 96", held[0])
+	}
+	y := NewPrefixIndex()
+	y.addAnchored(0, 96, 2000, b)
+	y.addAnchored(0, 96, 1000, a)
+	y.addAnchored(0, 96, 2000, b)
+	ex, ey := x.entries(0), y.entries(0)
+	if len(ex) != len(ey) {
+		t.Fatalf("%d entries against %d", len(ex), len(ey))
+	}
+	for i := range ex {
+		if ex[i].hash != ey[i].hash || ex[i].stamp != ey[i].stamp {
+			t.Fatalf("entry %d differs: %x@%d, %x@%d", i, ex[i].hash, ex[i].stamp, ey[i].hash, ey[i].stamp)
+		}
+	}
+	checkIndex(t, x)
+	checkIndex(t, y)
+}
+
+// TestPrefixIndexAnchoredChurn runs random conversations through the
+// anchored index, with removals, against a reference that holds every
+// block each slot was sent (no capacity): a match never exceeds the
+// reference and falls short of it by less than one anchor's run of blocks.
+func TestPrefixIndexAnchoredChurn(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 8))
+	x := NewPrefixIndex()
+	const slots = 6
+	ref := make([]map[uint64]bool, slots)
+	for s := range ref {
+		ref[s] = map[uint64]bool{}
+	}
+	convs := make([][]uint64, 12)
+	for i := range convs {
+		convs[i] = ids(i*100000, 1+r.IntN(20))
+	}
+	for step := range 3000 {
+		c := r.IntN(len(convs))
+		convs[c] = append(convs[c], ids(step*1000+7, 1+r.IntN(40))...)
+		if len(convs[c]) > 200 {
+			convs[c] = ids(c*100000+step, 1+r.IntN(20))
+		}
+		h := chain(convs[c]...)
+		if r.IntN(2) == 0 {
+			slot := int32(r.IntN(slots))
+			x.addAnchored(slot, 1<<20, int64(step), h)
+			for _, v := range h {
+				ref[slot][v] = true
+			}
+		}
+		got := anchoredCounts(x, h, slots)
+		for s := range slots {
+			want := 0
+			for i, v := range h {
+				if ref[s][v] {
+					want = i + 1 // chained: holding block i is holding 0..i
+				}
+			}
+			if int(got[s]) > want || int(got[s]) < want-(anchorEvery-1) {
+				t.Fatalf("step %d slot %d: matched %d, reference %d", step, s, got[s], want)
+			}
+		}
+		if step%1000 == 999 {
+			s := int32(r.IntN(slots))
+			x.removePod(s)
+			ref[s] = map[uint64]bool{}
+			checkIndex(t, x)
+		}
+	}
+	checkIndex(t, x)
 }

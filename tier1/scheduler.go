@@ -467,7 +467,11 @@ func (s *Scheduler) score(req *Request, now time.Time, sc *scratch, explain bool
 		sc.counts = grow(sc.counts, set.slots)
 		clear(sc.counts)
 		if len(req.Hashes) > 0 {
-			s.pool.index.match(req.Hashes, sc.counts, !s.gie, &sc.match)
+			if s.gie {
+				s.pool.index.match(req.Hashes, sc.counts, false, &sc.match)
+			} else {
+				s.pool.index.matchAnchored(req.Hashes, sc.counts, &sc.match)
+			}
 		}
 		for _, ep := range sc.cands {
 			maxHit = max(maxHit, sc.counts[ep.slot])
@@ -718,7 +722,12 @@ func (s *Scheduler) Dispatch(ep *Endpoint, req *Request, now time.Time) Ticket {
 	// An endpoint removed since the decision keeps its accounting but must
 	// not write index entries: its slot may already be another endpoint's.
 	if len(req.Hashes) > 0 && s.pool.Endpoint(ep.ID) == ep {
-		held := s.pool.index.add(ep.slot, s.capacity(l.m), now.UnixNano(), req.Hashes, s.gie)
+		var held int
+		if s.gie {
+			held = s.pool.index.add(ep.slot, s.capacity(l.m), now.UnixNano(), req.Hashes, true)
+		} else {
+			held = s.pool.index.addAnchored(ep.slot, s.capacity(l.m), now.UnixNano(), req.Hashes)
+		}
 		hit = float64(held) / float64(len(req.Hashes))
 	}
 	uncached := int64(float64(req.PromptTokens) * (1 - hit))

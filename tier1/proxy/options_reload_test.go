@@ -285,21 +285,32 @@ func (h *optionsHarness) scenario(t *testing.T, write func(string) int64) {
 	}
 
 	// prefix.lruCapacityPerServer: a 640-character prompt is 10 blocks of
-	// 64; the default capacity keeps them all, a capacity of 4 keeps 4.
+	// 64; the default capacity keeps them all, a capacity of 4 keeps at
+	// most 4 (none of this prompt: its one anchor stands for 10 blocks).
 	h.reload(t, write, h.yaml("", ""))
 	index := h.pool("lru").Pool.PrefixIndex()
 	lruPrompt := strings.Repeat("0123456789", 64)
 	if code, err := h.post("lru-model", lruPrompt); err != nil || code != http.StatusOK {
 		t.Fatalf("lru-model: %d, %v", code, err)
 	}
-	if n := index.Len(); n < 10 {
-		t.Fatalf("%d prefix index entries after a 10-block prompt with the default lruCapacityPerServer", n)
+	// Meridian's index holds a prompt's anchors, each charged the blocks
+	// it stands for: count blocks, not entries.
+	blocks := func() int {
+		held, _ := index.Blocks()
+		n := 0
+		for _, b := range held {
+			n += b
+		}
+		return n
+	}
+	if n := blocks(); n < 10 {
+		t.Fatalf("%d prefix index blocks after a 10-block prompt with the default lruCapacityPerServer", n)
 	}
 	h.reload(t, write, h.yaml("", "prefix: {lruCapacityPerServer: 4}"))
 	if code, err := h.post("lru-model", lruPrompt+" and more"); err != nil || code != http.StatusOK {
 		t.Fatalf("lru-model: %d, %v", code, err)
 	}
-	if n := index.Len(); n > 4 {
-		t.Fatalf("%d prefix index entries for the pod with lruCapacityPerServer 4", n)
+	if n := blocks(); n > 4 {
+		t.Fatalf("%d prefix index blocks for the pod with lruCapacityPerServer 4", n)
 	}
 }
