@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -135,13 +136,27 @@ func buildPathFixture(tb testing.TB, pods, blocks, kvBlocks int) *pathFixture {
 		seqAt := len(body)
 		body = append(body, make([]byte, seqDigits)...)
 		body = append(body, ' ')
-		// The new turn fills the prompt to blocks blocks (plus a part block).
-		b := &request.Body{}
-		if pb, err := request.Parse(append(append([]byte{}, body...), `"}]}`...), 0); err == nil {
-			b = pb
+		// The new turn fills the prompt to blocks blocks (plus a part
+		// block) of decoded text: sized on copies whose turn number is
+		// digits (the placeholder's NUL bytes are not JSON), grown until
+		// the decoded prompt is long enough (escapes decode shorter).
+		target := blocks*bs + bs/2
+		var turn []byte
+		for n := 0; ; {
+			turn = pathText("turn", c, n)
+			sized := append(append(append([]byte{}, body...), turn...), `"}]}`...)
+			copy(sized[seqAt:seqAt+seqDigits], strings.Repeat("0", seqDigits))
+			b, err := request.Parse(sized, 0)
+			if err != nil {
+				tb.Fatalf("conversation %d: %v", c, err)
+			}
+			have := len(request.AppendPromptText(nil, b))
+			if have >= target {
+				break
+			}
+			n += target - have
 		}
-		have := len(request.AppendPromptText(nil, b))
-		body = append(body, pathText("turn", c, max(0, blocks*bs+bs/2-have))...)
+		body = append(body, turn...)
 		body = append(body, `"}]}`...)
 		f.convs = append(f.convs, body)
 		f.seqAt = append(f.seqAt, seqAt)
