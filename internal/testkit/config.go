@@ -33,17 +33,22 @@ func SnapshotFile(tb testing.TB, path string, rev int64, yaml string) *config.Sn
 }
 
 // Endpoint is one endpoint of a StaticEndpoints document: its name,
-// address (host:port) and pool label.
-type Endpoint struct{ Name, Address, Pool string }
+// address (host:port), pool label and, when not "", gpu label (which
+// names its latency class).
+type Endpoint struct{ Name, Address, Pool, GPU string }
 
 // StaticEndpoints is a StaticEndpoints document named "pods" that lists
-// eps, each labelled {pool: Pool}, as YAML that starts with the document
+// eps, each labelled {pool: Pool} (and gpu: GPU when set), as YAML that starts with the document
 // separator "---" (to append to other documents).
 func StaticEndpoints(eps ...Endpoint) string {
 	var b strings.Builder
 	b.WriteString("---\napiVersion: meridian.dev/v1alpha1\nkind: StaticEndpoints\nmetadata: {name: pods}\nspec:\n  endpoints:\n")
 	for _, ep := range eps {
-		fmt.Fprintf(&b, "  - {name: %s, address: %q, labels: {pool: %s}}\n", ep.Name, ep.Address, ep.Pool)
+		gpu := ""
+		if ep.GPU != "" {
+			gpu = ", gpu: " + ep.GPU
+		}
+		fmt.Fprintf(&b, "  - {name: %s, address: %q, labels: {pool: %s%s}}\n", ep.Name, ep.Address, ep.Pool, gpu)
 	}
 	return b.String()
 }

@@ -7,7 +7,7 @@ import (
 )
 
 func TestSnapshotOfStaticEndpoints(t *testing.T) {
-	s := Snapshot(t, 7, ChatGateway+"    weights: {prefix: 3}\n"+StaticEndpoints(Endpoint{"pod-a", "10.0.0.1:8000", "chat"}, Endpoint{"pod-b", "10.0.0.2:8000", "chat"}))
+	s := Snapshot(t, 7, ChatGateway+"    weights: {prefix: 3}\n"+StaticEndpoints(Endpoint{"pod-a", "10.0.0.1:8000", "chat", ""}, Endpoint{"pod-b", "10.0.0.2:8000", "chat", "h100"}))
 	if s.Revision != 7 {
 		t.Fatalf("revision %d, want 7", s.Revision)
 	}
@@ -18,7 +18,8 @@ func TestSnapshotOfStaticEndpoints(t *testing.T) {
 		t.Fatalf("%d StaticEndpoints documents, want 1", got)
 	}
 	eps := s.StaticEndpoints[0].Spec.Endpoints
-	if len(eps) != 2 || eps[1].Name != "pod-b" || eps[1].Address != "10.0.0.2:8000" || eps[1].Labels["pool"] != "chat" {
+	if len(eps) != 2 || eps[1].Name != "pod-b" || eps[1].Address != "10.0.0.2:8000" || eps[1].Labels["pool"] != "chat" ||
+		eps[1].Labels["gpu"] != "h100" || len(eps[0].Labels) != 1 {
 		t.Fatalf("endpoints %+v", eps)
 	}
 }

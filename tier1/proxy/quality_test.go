@@ -35,7 +35,8 @@ import (
 // What it asserts: what Meridian's latency models learned in the run.
 // An A10G prefills about eleven times slower than an H100, and each
 // A10G's learned price of 1,000 uncached tokens must be at least twice
-// every H100's. Before the simulated pods sent the chat role chunk with
+// every H100's; the pods carry their card as the gpu label, so the two
+// pods of one card price alike (one shared model). Before the simulated pods sent the chat role chunk with
 // the first token, as vLLM does, the proxy timed it at once: every pod
 // learned a TTFT of a few milliseconds (an A10G that had taken 835 ms to
 // answer priced 1,000 tokens at 26 ms, the H100s at 18–31 ms), the A10Gs
@@ -145,6 +146,11 @@ func TestLiveAgainstLeastOutstanding(t *testing.T) {
 	if len(price["h100"]) != 2 || len(price["a10g"]) != 2 {
 		t.Fatalf("prices by profile %v, want two pods of each", price)
 	}
+	for card, p := range price {
+		if p[0] != p[1] {
+			t.Errorf("the two %s pods priced 1,000 tokens at %.3f and %.3f s: pods of one card share one latency model", card, p[0], p[1])
+		}
+	}
 	if slices.Min(price["a10g"]) < 2*slices.Max(price["h100"]) {
 		t.Errorf("an A10G priced 1,000 uncached tokens at %.3f s, less than twice an H100's %.3f s: its latency model did not learn its slower prefill",
 			slices.Min(price["a10g"]), slices.Max(price["h100"]))
@@ -171,7 +177,11 @@ func startLivePods(t *testing.T, profile string, k int) []*sim.LivePod {
 func meridianGateway(t *testing.T, pods []*sim.LivePod) (string, *gateway.Gateway) {
 	eps := make([]testkit.Endpoint, len(pods))
 	for i, lp := range pods {
-		eps[i] = testkit.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: lp.Addr(), Pool: "chat"}
+		// Labelled with its card, as a deployment's pods would be: the
+		// pods of one card share a latency model (the default
+		// latencyClassLabel, gpu).
+		gpu, _, _ := strings.Cut(lp.Name(), "-")
+		eps[i] = testkit.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: lp.Addr(), Pool: "chat", GPU: gpu}
 	}
 	snap := testkit.Snapshot(t, 1, testkit.ChatGateway+testkit.StaticEndpoints(eps...))
 	gw, err := gateway.New(gateway.Config{
