@@ -703,6 +703,23 @@ type matchScratch struct {
 	sink    uint32   // keeps the prefetching loads
 }
 
+// allSlots appends to live (grown past its capacity only when nw words
+// do not fit) one bitmap word per 64 slots, with a bit set for every slot
+// below slots: the slots a match starts with.
+func allSlots(live []uint64, nw, slots int) []uint64 {
+	if nw > cap(live) {
+		live = make([]uint64, 0, nw)
+	}
+	for w := range nw {
+		m := ^uint64(0)
+		if rest := slots - 64*w; rest < 64 {
+			m = 1<<rest - 1
+		}
+		live = append(live, m)
+	}
+	return live
+}
+
 // match counts, for every endpoint slot, the leading blocks of hashes it
 // holds, into counts (indexed by slot, zeroed by the caller, long enough
 // for every slot). With consecutive, a slot's count stops at its first
@@ -726,17 +743,7 @@ func (x *PrefixIndex) match(hashes []uint64, counts []int32, consecutive bool, s
 	}
 	x.loadBitmaps(hashes, nw, sc)
 	var buf [8]uint64
-	live := buf[:0]
-	if nw > len(buf) {
-		live = make([]uint64, 0, nw)
-	}
-	for w := range nw {
-		m := ^uint64(0)
-		if rest := len(counts) - 64*w; rest < 64 {
-			m = 1<<rest - 1
-		}
-		live = append(live, m) // the slots that count
-	}
+	live := allSlots(buf[:0], nw, len(counts))
 	for b := range n {
 		any := false
 		for w := range live {
@@ -825,17 +832,7 @@ func (x *PrefixIndex) matchAnchored(hashes []uint64, counts []int32, sc *matchSc
 	na := len(sc.anchors)
 	x.loadBitmaps(sc.anchors, nw, sc)
 	var buf [8]uint64
-	live := buf[:0]
-	if nw > len(buf) {
-		live = make([]uint64, 0, nw)
-	}
-	for w := range nw {
-		m := ^uint64(0)
-		if rest := len(counts) - 64*w; rest < 64 {
-			m = 1<<rest - 1
-		}
-		live = append(live, m)
-	}
+	live := allSlots(buf[:0], nw, len(counts))
 	// a: the leading anchors the best slots hold; live: those slots.
 	a := 0
 	for ; a < na; a++ {
