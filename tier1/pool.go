@@ -19,10 +19,18 @@ type Pool struct {
 	index *PrefixIndex
 	lora  adapterDemand
 	peers peerCounts
-	// classes are the latency models shared by class (SetClass); a
-	// class's model outlives its endpoints (a restarted pod of the class
-	// resumes with what the class learned).
-	classes map[string]*latencyModel
+	// classes are the latency models shared by class (SetClass). A
+	// class's model outlives its endpoints, so that a replaced pod of the
+	// class resumes with what the class learned; classes with no endpoint
+	// are dropped once they outnumber the endpoints (pruneClasses), so a
+	// label whose values churn cannot grow the map without bound.
+	classes map[string]*latencyClass
+}
+
+// latencyClass is one class's shared model and how many endpoints use it.
+type latencyClass struct {
+	model   *latencyModel
+	members int
 }
 
 type endpointSet struct {
@@ -94,20 +102,38 @@ func (p *Pool) SetClass(ep *Endpoint, class string) {
 	if ep.class == class && ep.latency.Load() != nil {
 		return
 	}
+	if c := p.classes[ep.class]; c != nil {
+		c.members--
+	}
 	ep.class = class
 	if class == "" {
 		ep.latency.Store(new(latencyModel))
 		return
 	}
-	if p.classes == nil {
-		p.classes = map[string]*latencyModel{}
+	c := p.classes[class]
+	if c == nil {
+		p.pruneClasses()
+		if p.classes == nil {
+			p.classes = map[string]*latencyClass{}
+		}
+		c = &latencyClass{model: new(latencyModel)}
+		p.classes[class] = c
 	}
-	m := p.classes[class]
-	if m == nil {
-		m = new(latencyModel)
-		p.classes[class] = m
+	c.members++
+	ep.latency.Store(c.model)
+}
+
+// pruneClasses drops the classes no endpoint uses once there are more
+// classes than endpoints plus a few.
+func (p *Pool) pruneClasses() {
+	if len(p.classes) <= len(p.set.Load().list)+8 {
+		return
 	}
-	ep.latency.Store(m)
+	for name, c := range p.classes {
+		if c.members <= 0 {
+			delete(p.classes, name)
+		}
+	}
 }
 
 // Class is ep's latency class ("" when it learns alone).
@@ -142,6 +168,9 @@ func (p *Pool) removeLocked(id string) {
 		}
 	}
 	p.set.Store(next)
+	if c := p.classes[ep.class]; c != nil {
+		c.members--
+	}
 	p.index.removePod(ep.slot)
 	p.slots[ep.slot] = false
 }

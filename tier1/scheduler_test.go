@@ -900,3 +900,36 @@ func TestLatencyClassShared(t *testing.T) {
 		t.Fatalf("classes a %q, c %q", pool.Class(a), pool.Class(c))
 	}
 }
+
+// TestLatencyClassesBounded: a replaced pod of a class joins the class's
+// model, and a label whose values churn (a new value for every new pod)
+// leaves at most a few classes beyond the endpoints.
+func TestLatencyClassesBounded(t *testing.T) {
+	pool := NewPool()
+	a := pool.Add("a", "a:1")
+	pool.SetClass(a, "h100")
+	x := latencyFeatures(0, 8, 1000, 0)
+	for range 50 {
+		a.latency.Load().observe(&x, 2.0)
+	}
+	pool.Remove("a")
+	a2 := pool.Add("a2", "a2:1")
+	pool.SetClass(a2, "h100")
+	if got := a2.latency.Load().predict(&x, true); got < 1.5 {
+		t.Fatalf("a replaced pod of class h100 predicts %.3f s, not the class's learned ~2 s", got)
+	}
+	for i := range 1000 {
+		id := fmt.Sprint("churn-", i)
+		ep := pool.Add(id, id+":1")
+		pool.SetClass(ep, id)
+		pool.Remove(id)
+	}
+	// Pruning runs when a class is created with more than endpoints + 8
+	// classes; each churned pod was a second endpoint when its class was.
+	if n := len(pool.classes); n > len(pool.Endpoints())+10 {
+		t.Fatalf("%d classes kept for %d endpoints after 1,000 pods with unique labels", n, len(pool.Endpoints()))
+	}
+	if pool.classes["h100"] == nil || pool.classes["h100"].members != 1 {
+		t.Fatalf("class h100, in use by a2, was pruned or miscounted: %+v", pool.classes["h100"])
+	}
+}
