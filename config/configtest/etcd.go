@@ -38,13 +38,22 @@ func (e *Etcd) Endpoint() string { return e.clientURL.Host }
 // StartEtcd starts an etcd server and registers its shutdown with t.
 func StartEtcd(t testing.TB) *Etcd {
 	t.Helper()
+	// The proxy holds the client address for e's whole life (bound
+	// once, on a port the kernel picks), so a restart never races another
+	// test for it.
+	p, err := listenProxy()
+	if err != nil {
+		t.Fatalf("etcd client proxy: %v", err)
+	}
 	e := &Etcd{
 		t:         t,
 		dir:       t.TempDir(),
-		clientURL: url.URL{Scheme: "http", Host: freeAddr(t)},
+		clientURL: url.URL{Scheme: "http", Host: p.l.Addr().String()},
 		serverURL: url.URL{Scheme: "http", Host: freeAddr(t)},
 		peerURL:   url.URL{Scheme: "http", Host: freeAddr(t)},
+		proxy:     p,
 	}
+	p.to = e.serverURL.Host
 	e.Start()
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   []string{e.Endpoint()},
@@ -58,6 +67,7 @@ func StartEtcd(t testing.TB) *Etcd {
 	t.Cleanup(func() {
 		cli.Close()
 		e.Stop()
+		p.close()
 	})
 	return e
 }
@@ -93,22 +103,14 @@ func (e *Etcd) Start() {
 		e.t.Fatal("etcd did not become ready within 30s")
 	}
 	e.server = srv
-	p, err := listenProxy(e.clientURL.Host, e.serverURL.Host)
-	if err != nil {
-		e.Stop()
-		e.t.Fatalf("etcd client proxy: %v", err)
-	}
-	e.proxy = p
+	e.proxy.up()
 }
 
 // Stop stops the server; the client stays and reconnects after Start.
 func (e *Etcd) Stop() {
-	if e.proxy != nil {
-		// Connections cut first: the server's close would otherwise wait
-		// its request timeout (5 s) for open watch streams to end.
-		e.proxy.cut()
-		e.proxy = nil
-	}
+	// Connections cut first: the server's close would otherwise wait its
+	// request timeout (5 s) for open watch streams to end.
+	e.proxy.cut()
 	if e.server != nil {
 		// Stop the server first so open watch streams end at once rather
 		// than holding a graceful close for its request timeout.
@@ -147,41 +149,45 @@ func (e *Etcd) Apply(tb testing.TB, yaml string) int64 {
 }
 
 // cutProxy forwards every connection to its address on to etcd's client
-// listener. cut closes its listener and every connection at once, as a
-// crashed server's would close, so that etcd's own close finds no stream
-// left to wait for; clients then find the address refusing connections,
-// as it would with the server down.
+// listener while the server is up. cut closes every connection at once,
+// as a crashed server's would close, so that etcd's own close finds no
+// stream left to wait for; until up, connections are closed as they
+// arrive, as a down server's address would refuse them.
 type cutProxy struct {
-	l     net.Listener
-	to    string
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns map[net.Conn]bool // nil once cut
+	l      net.Listener
+	to     string // etcd's client listener; set before the first up
+	accept sync.WaitGroup
+	wg     sync.WaitGroup // forwarding goroutines (track)
+	mu     sync.Mutex
+	conns  map[net.Conn]bool // nil while cut
 }
 
-func listenProxy(addr, to string) (*cutProxy, error) {
-	l, err := net.Listen("tcp", addr)
+// listenProxy binds a loopback port for the proxy, cut until up.
+func listenProxy() (*cutProxy, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &cutProxy{l: l, to: to, conns: map[net.Conn]bool{}}
-	p.wg.Add(1)
+	p := &cutProxy{l: l}
+	p.accept.Add(1)
 	go func() {
-		defer p.wg.Done()
+		defer p.accept.Done()
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			p.wg.Add(1)
-			go func() { defer p.wg.Done(); p.forward(c) }()
+			go p.forward(c)
 		}
 	}()
 	return p, nil
 }
 
-// track records c for cut, or closes it when the proxy is already cut.
-func (p *cutProxy) track(c net.Conn) bool {
+// track records c for cut, or closes it while the proxy is cut. With
+// forwarding, it also counts a forwarding goroutine for cut to wait for:
+// counted under mu while not cut, so that no count is added once cut has
+// begun to wait.
+func (p *cutProxy) track(c net.Conn, forwarding bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conns == nil {
@@ -189,6 +195,9 @@ func (p *cutProxy) track(c net.Conn) bool {
 		return false
 	}
 	p.conns[c] = true
+	if forwarding {
+		p.wg.Add(1)
+	}
 	return true
 }
 
@@ -206,15 +215,16 @@ func (p *cutProxy) untrack(cs ...net.Conn) {
 // forward copies both ways between c and a connection to etcd until
 // either side ends, then closes both.
 func (p *cutProxy) forward(c net.Conn) {
-	if !p.track(c) {
+	if !p.track(c, true) {
 		return
 	}
+	defer p.wg.Done()
 	s, err := net.Dial("tcp", p.to)
 	if err != nil {
 		p.untrack(c)
 		return
 	}
-	if !p.track(s) {
+	if !p.track(s, false) {
 		p.untrack(c)
 		return
 	}
@@ -226,10 +236,18 @@ func (p *cutProxy) forward(c net.Conn) {
 	<-done
 }
 
-// cut stops accepting, closes every connection and waits for the copies
-// to end.
+// up forwards connections from now on.
+func (p *cutProxy) up() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns == nil {
+		p.conns = map[net.Conn]bool{}
+	}
+}
+
+// cut closes every connection, waits for the copies to end, and closes
+// new connections until up.
 func (p *cutProxy) cut() {
-	p.l.Close()
 	p.mu.Lock()
 	for c := range p.conns {
 		c.Close()
@@ -237,6 +255,13 @@ func (p *cutProxy) cut() {
 	p.conns = nil
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// close stops accepting and cuts.
+func (p *cutProxy) close() {
+	p.l.Close()
+	p.accept.Wait()
+	p.cut()
 }
 
 // freeAddr returns a loopback address with a port free at the time of the
