@@ -189,7 +189,7 @@ func TestServeInferenceAllocs(t *testing.T) {
 	for size, budget := range serveInferenceAllocs {
 		body := chatBody(size)
 		f.serve(t, body) // warm the token cache and the pools
-		got := testing.AllocsPerRun(200, func() { f.serve(t, body) })
+		got := testkit.AllocsPerRun(200, func() { f.serve(t, body) })
 		t.Logf("%d-byte body: %.1f allocations per request (budget %.0f)", len(body), got, budget)
 		if got > budget {
 			t.Errorf("%d-byte body: %.1f allocations per request, budget %.0f", len(body), got, budget)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/gateway"
@@ -68,7 +69,7 @@ func TestProxyAllocs(t *testing.T) {
 			}
 		}
 		serve()
-		got := testing.AllocsPerRun(200, serve)
+		got := testkit.AllocsPerRun(200, serve)
 		t.Logf("%d-byte body: %.1f allocations per request (budget %.0f)", len(body), got, budget)
 		if got > budget {
 			t.Errorf("%d-byte body: %.1f allocations per request, budget %.0f", len(body), got, budget)
