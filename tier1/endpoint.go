@@ -259,14 +259,32 @@ func (t *Ticket) Endpoint() *Endpoint { return t.ep }
 // cache hit, for the pool's hit-ratio metric.
 func (t *Ticket) PrefixHit() float64 { return t.hit }
 
-// FirstToken feeds the observed time to first token to the endpoint's
-// latency model. Calls after the first are ignored.
+// FirstToken feeds the observed time to first token of a streamed
+// response to the endpoint's latency model. Calls after the first (and
+// after Answered) are ignored.
 func (t *Ticket) FirstToken(ttft time.Duration) {
 	if t.ep == nil || t.ttftSeen {
 		return
 	}
 	t.ttftSeen = true
-	t.ep.latency.Load().observe(&t.features, ttft.Seconds())
+	m := t.ep.latency.Load()
+	m.streamed.Store(true)
+	m.observe(&t.features, ttft.Seconds())
+	t.clearBacklog()
+}
+
+// Answered reports the first byte of a non-streamed response, which
+// arrives with the whole answer: the prompt has left the prefill
+// backlog, but the time is the answer's, not its first token's, so it
+// trains the latency model only while the model has seen no streamed
+// first token (latencyModel.observeWhole). Calls after the first (and
+// after FirstToken) are ignored.
+func (t *Ticket) Answered(took time.Duration) {
+	if t.ep == nil || t.ttftSeen {
+		return
+	}
+	t.ttftSeen = true
+	t.ep.latency.Load().observeWhole(&t.features, took.Seconds())
 	t.clearBacklog()
 }
 

@@ -49,6 +49,10 @@ const (
 
 type latencyModel struct {
 	coef atomic.Pointer[[numFeatures]float64] // nil: the prior
+	// streamed is set by the first streamed first token observed: from
+	// then on, non-streamed answers (whose first byte is their last) no
+	// longer train the model (observeWhole).
+	streamed atomic.Bool
 
 	mu    sync.Mutex
 	state *rlsState // nil until the first observation
@@ -158,6 +162,20 @@ func (m *latencyModel) observe(x *[numFeatures]float64, y float64) {
 		}
 	}
 	m.coef.Store(&theta)
+}
+
+// observeWhole learns from a non-streamed answer, whose first byte came
+// with its last token: y is the whole answer's time, decode included. It
+// is a first token's time only as an upper bound, so it trains the model
+// only until a streamed first token has been seen (a pool whose callers
+// never stream still learns which pods answer sooner); after that it
+// would teach every pod of the class that prefill costs what a whole
+// answer does.
+func (m *latencyModel) observeWhole(x *[numFeatures]float64, y float64) {
+	if m.streamed.Load() {
+		return
+	}
+	m.observe(x, y)
 }
 
 // observations is how many TTFTs the model has learned from.

@@ -933,3 +933,44 @@ func TestLatencyClassesBounded(t *testing.T) {
 		t.Fatalf("class h100, in use by a2, was pruned or miscounted: %+v", pool.classes["h100"])
 	}
 }
+
+// TestWholeAnswersTrainOnlyUntilStreamed: a non-streamed answer's first
+// byte is its last, so its time (decode included) trains the latency
+// model only while no streamed first token has been seen. A pool whose
+// callers never stream still learns which pod answers sooner; once one
+// streams, whole answers stop teaching that prefill costs what an answer
+// does.
+func TestWholeAnswersTrainOnlyUntilStreamed(t *testing.T) {
+	m := Metrics{Waiting: 1, Running: 8}
+	pool, eps := newPool(m, m)
+	s := newSched(t, pool, config.ScoringMeridian, config.Weights{PredictedLatency: 1}, "")
+	x := latencyFeatures(1, 8, 2000, 0)
+	// Only whole answers: pod 1 answers in twice pod 0's time, and learns it.
+	for range 200 {
+		for j, ep := range eps {
+			tk := s.Dispatch(ep, &Request{Model: "llama", PromptTokens: 2000}, t0)
+			tk.Answered(time.Duration(float64(1+j) * 3 * float64(time.Second)))
+			tk.Done()
+			if tk.ep.backlog.Load() != 0 {
+				t.Fatalf("an answered request is still in %s's prefill backlog", ep.ID)
+			}
+		}
+	}
+	p0, p1 := eps[0].latency.Load().predict(&x, true), eps[1].latency.Load().predict(&x, true)
+	if p0 < 2 || p1 < 1.5*p0 {
+		t.Fatalf("from whole answers alone: predicted %.2f s and %.2f s, want about 3 and 6", p0, p1)
+	}
+	// Pod 0 streams once: its first token at 0.3 s.
+	tk := s.Dispatch(eps[0], &Request{Model: "llama", PromptTokens: 2000}, t0)
+	tk.FirstToken(300 * time.Millisecond)
+	tk.Done()
+	before := *eps[0].latency.Load().coef.Load()
+	for range 50 {
+		tk := s.Dispatch(eps[0], &Request{Model: "llama", PromptTokens: 2000}, t0)
+		tk.Answered(30 * time.Second) // a long non-streamed answer
+		tk.Done()
+	}
+	if after := *eps[0].latency.Load().coef.Load(); after != before {
+		t.Fatalf("whole answers after a streamed first token moved pod 0's model: %v → %v", before, after)
+	}
+}

@@ -1,11 +1,15 @@
 package gateway_test
 
 import (
+	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meridian-router/meridian/internal/testkit"
+	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1/gateway"
 )
 
@@ -58,4 +62,43 @@ func TestLatencyClassFromLabels(t *testing.T) {
 	want(1, "", map[string]string{"a": "h100", "b": "h100", "c": "a10g"})
 	want(2, "{latencyClassLabel: accel}", map[string]string{"a": "fast", "b": "fast", "c": ""})
 	want(3, `{latencyClassLabel: "-"}`, map[string]string{})
+}
+
+// TestNonStreamedAnswerIsNotAFirstToken: a non-streamed response's first
+// byte comes with its last token. Once the pod's model has seen a
+// streamed first token, such an answer, however slow, does not move it:
+// gw.PrefillSeconds (the model's prefill price) stays where the streamed
+// first tokens put it, while another streamed one still moves it.
+func TestNonStreamedAnswerIsNotAFirstToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gw, eps, _ := newGateway(t, gateway.Config{}, "")
+		load(gw, eps, map[string]int{"a": 0, "b": 0})
+		send := func(stream bool, took time.Duration) {
+			t.Helper()
+			b := &request.Body{Model: "chat-model", Kind: request.Chat, Stream: stream,
+				Messages: []request.Message{{Role: "user", Content: strings.Repeat("x", 4000)}}}
+			d, err := gw.Decide(b, gateway.Meta{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			att := gw.Dispatch(d, eps["a"])
+			time.Sleep(took) // the fake clock of the bubble: the pod's answer time
+			att.FirstByte()
+			att.Done(200, false)
+		}
+		for range 20 {
+			send(true, 200*time.Millisecond)
+		}
+		price := gw.PrefillSeconds("chat-model", 1000)
+		for range 20 {
+			send(false, 20*time.Second)
+		}
+		if got := gw.PrefillSeconds("chat-model", 1000); got != price {
+			t.Fatalf("20 s non-streamed answers moved the prefill price from %.4f to %.4f s", price, got)
+		}
+		send(true, 2*time.Second)
+		if got := gw.PrefillSeconds("chat-model", 1000); got == price {
+			t.Fatalf("a streamed first token at 2 s left the prefill price at %.4f s", got)
+		}
+	})
 }

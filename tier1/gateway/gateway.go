@@ -422,7 +422,10 @@ type Decision struct {
 	// Rewrite is the model name the body must carry upstream when the
 	// caller sent x-gateway-model-name-rewrite (GIE's model rewrite);
 	// empty means forward the body's model unchanged.
-	Rewrite   string
+	Rewrite string
+	// Stream is the body's "stream": the response's first byte is its
+	// first token only then.
+	Stream    bool
 	Pool      string
 	Endpoints []*tier1.Endpoint
 	Request   tier1.Request
@@ -495,7 +498,7 @@ func (g *Gateway) resolve(body *request.Body, meta Meta) (r *route, target, adap
 // decide asks r's scheduler for the request's endpoints.
 func (g *Gateway) decide(r *route, body *request.Body, meta Meta, target, adapter string) (*Decision, error) {
 	start := g.cfg.Now()
-	d := &Decision{Model: body.Model, Target: target, Adapter: adapter, Pool: r.state.name, sched: r.sched, state: r.state, start: start}
+	d := &Decision{Model: body.Model, Target: target, Adapter: adapter, Stream: body.Stream, Pool: r.state.name, sched: r.sched, state: r.state, start: start}
 	if rw := meta.Header.Get(HeaderModelRewrite); rw != "" && rw != body.Model {
 		d.Rewrite = rw
 	}
@@ -618,15 +621,21 @@ type Attempt struct {
 	first  bool
 }
 
-// FirstByte reports the first response byte: the observed TTFT feeds the
-// endpoint's latency model and the pool's statistics.
+// FirstByte reports the first response byte: the observed time feeds the
+// endpoint's latency model (as a first token's when the request streams,
+// as a whole answer's otherwise: Ticket.Answered) and the pool's
+// statistics.
 func (a *Attempt) FirstByte() {
 	if a.first {
 		return
 	}
 	a.first = true
 	ttft := a.g.cfg.Now().Sub(a.sent)
-	a.ticket.FirstToken(ttft)
+	if a.d.Stream {
+		a.ticket.FirstToken(ttft)
+	} else {
+		a.ticket.Answered(ttft)
+	}
 	// The request's prompt has left the prefill backlog: the other
 	// replicas would otherwise count it until the request ends.
 	a.publishInFlight()
