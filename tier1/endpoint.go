@@ -268,7 +268,9 @@ func (t *Ticket) FirstToken(ttft time.Duration) {
 	}
 	t.ttftSeen = true
 	m := t.ep.latency.Load()
-	m.streamed.Store(true)
+	if !m.streamed.Load() { // a store only once: the model is shared by a class
+		m.streamed.Store(true)
+	}
 	m.observe(&t.features, ttft.Seconds())
 	t.clearBacklog()
 }
