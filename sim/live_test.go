@@ -47,7 +47,11 @@ func startLive(t *testing.T, spec PodSpec, k int) []*LivePod {
 }
 
 func client(lp *LivePod) openai.Client {
-	return openai.NewClient(option.WithBaseURL(lp.URL()+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	return openai.NewClient(option.WithBaseURL(lp.URL()+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0),
+		// One shared transport: each client otherwise builds its own, whose
+		// idle connection is never closed (a request a client: a socket
+		// pair leaked per request, thousands in TestCanaryEndToEnd).
+		option.WithHTTPClient(http.DefaultClient))
 }
 
 // A long system prompt so a repeated conversation hits the prefix cache.

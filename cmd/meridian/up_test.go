@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"regexp"
 	"strings"
 	"sync"
@@ -68,7 +69,11 @@ func TestTwoUpsSideBySide(t *testing.T) {
 	}
 	for _, u := range []*up{first, second} {
 		ep, tok := printed(u, "endpoint"), printed(u, "token")
-		c := openai.NewClient(option.WithBaseURL(ep+"/v1/"), option.WithAPIKey(tok), option.WithMaxRetries(0))
+		c := openai.NewClient(option.WithBaseURL(ep+"/v1/"), option.WithAPIKey(tok), option.WithMaxRetries(0),
+			// One shared transport: each client otherwise builds its own, whose
+			// idle connection is never closed (a request a client: a socket
+			// pair leaked per request, thousands in TestCanaryEndToEnd).
+			option.WithHTTPClient(http.DefaultClient))
 		testkit.Eventually(t, ep+" answers", func() bool {
 			out, err := c.Chat.Completions.New(ctx, platformtest.Ask("support-agent"))
 			return err == nil && len(out.Choices) > 0

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -208,7 +209,11 @@ spec:
 
 // Client is an OpenAI client of region's Tier-2 with token, without retries.
 func Client(p *platform.Platform, region, token string) openai.Client {
-	return openai.NewClient(option.WithBaseURL(p.Endpoints[region]+"/v1/"), option.WithAPIKey(token), option.WithMaxRetries(0))
+	return openai.NewClient(option.WithBaseURL(p.Endpoints[region]+"/v1/"), option.WithAPIKey(token), option.WithMaxRetries(0),
+		// One shared transport: each client otherwise builds its own, whose
+		// idle connection is never closed (a request a client: a socket
+		// pair leaked per request, thousands in TestCanaryEndToEnd).
+		option.WithHTTPClient(http.DefaultClient))
 }
 
 // Ask is a short chat completion request for model.
