@@ -207,13 +207,21 @@ spec:
 	return dir
 }
 
+// clientHTTP is the transport every Client shares. openai-go otherwise
+// builds one per client, whose idle connection is never closed: tests that
+// make a client per request leaked a socket pair each (thousands in
+// cmd/meridian's TestCanaryEndToEnd). Enough idle connections per Tier-2
+// are kept that concurrent test traffic reuses them rather than dialling
+// anew for every request (net/http's default keeps 2).
+var clientHTTP = &http.Client{Transport: &http.Transport{
+	MaxIdleConnsPerHost: 64,
+	IdleConnTimeout:     30 * time.Second,
+}}
+
 // Client is an OpenAI client of region's Tier-2 with token, without retries.
 func Client(p *platform.Platform, region, token string) openai.Client {
 	return openai.NewClient(option.WithBaseURL(p.Endpoints[region]+"/v1/"), option.WithAPIKey(token), option.WithMaxRetries(0),
-		// One shared transport: each client otherwise builds its own, whose
-		// idle connection is never closed (a request a client: a socket
-		// pair leaked per request, thousands in TestCanaryEndToEnd).
-		option.WithHTTPClient(http.DefaultClient))
+		option.WithHTTPClient(clientHTTP))
 }
 
 // Ask is a short chat completion request for model.
