@@ -17,8 +17,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"strconv"
 	"strings"
+	"sync"
 	"unsafe"
 )
 
@@ -77,6 +79,29 @@ type Body struct {
 	// output tokens the caller allows; 0 when absent or not a positive
 	// integer. Rate limits charge it at admission.
 	MaxTokens int
+
+	// arena is the pooled buffer Prompt's and Messages' strings share,
+	// which Release returns; nil for a Body that Parse did not make or
+	// that was released.
+	arena *[]byte
+}
+
+// Release ends the body's use of its prompt: Prompt and Messages become
+// empty, and the buffer their strings shared is reused by a later Parse.
+// Model, CacheSalt and every other field stay valid. Call it when the
+// prompt is no longer needed (once the request is scheduled), and never
+// while a string taken from Prompt or Messages is still in use: such a
+// string would change under its holder. Release is optional (an
+// unreleased body is collected as usual), idempotent, and a no-op on nil.
+func (b *Body) Release() {
+	if b == nil {
+		return
+	}
+	b.Prompt, b.Messages = "", nil
+	if b.arena != nil {
+		putArena(b.arena)
+		b.arena = nil
+	}
 }
 
 // Message is one chat message.
@@ -153,12 +178,23 @@ func Parse(data []byte, maxBytes int64) (*Body, error) {
 	if int64(len(data)) > maxBytes {
 		return nil, fmt.Errorf("request: %w: %d bytes, limit %d", ErrTooLarge, len(data), maxBytes)
 	}
-	// One allocation for the Body and its first messages, one for the
-	// bytes of every string it keeps.
+	// One allocation for the Body and its first messages, and one for the
+	// bytes of every string it keeps unless a released body's can be
+	// reused.
 	pb := new(parsedBody)
-	p := parser{s: scanner{b: data}, out: &pb.Body, msgs: pb.msgs[:0], arena: make([]byte, 0, len(data))}
+	arena := getArena(len(data))
+	p := parser{s: scanner{b: data}, out: &pb.Body, msgs: pb.msgs[:0], arena: (*arena)[:0]}
 	if err := p.body(); err != nil {
 		return nil, err
+	}
+	// The strings that outlive Release move out of the arena.
+	pb.Model = pb.keep(pb.Model)
+	pb.CacheSalt = pb.keep(pb.CacheSalt)
+	if cap(p.arena) == cap(*arena) {
+		// (Decoding never moved the arena: the rare string that decodes
+		// longer than its JSON can, and then the strings are in two
+		// buffers and neither is reused.)
+		pb.arena = arena
 	}
 	return &pb.Body, nil
 }
@@ -172,6 +208,72 @@ const inlineMessages = 8
 type parsedBody struct {
 	Body
 	msgs [inlineMessages]Message
+	// kept holds the model and cache salt (keep) when they fit.
+	kept  [keptBytes]byte
+	nkept int
+}
+
+// keptBytes is room for a model name and a cache salt of usual lengths in
+// the parsed Body itself.
+const keptBytes = 96
+
+// keep returns a copy of s that does not share the arena: in pb.kept when
+// it fits, else a string of its own.
+func (pb *parsedBody) keep(s string) string {
+	if s == "" {
+		return ""
+	}
+	if len(s) > len(pb.kept)-pb.nkept {
+		return strings.Clone(s)
+	}
+	n := copy(pb.kept[pb.nkept:], s)
+	v := unsafe.String(&pb.kept[pb.nkept], n)
+	pb.nkept += n
+	return v
+}
+
+// Arenas of released bodies, by size class: class k holds buffers of
+// 1 KiB << k bytes. A body longer than the largest class gets a buffer of
+// its own that is never pooled.
+const (
+	minArenaShift = 10
+	arenaClasses  = 11 // 1 KiB … 1 MiB
+)
+
+var arenas [arenaClasses]sync.Pool // *[]byte
+
+// arenaClass is the smallest class whose buffers hold n bytes, or −1.
+func arenaClass(n int) int {
+	k := 0
+	if n > 1<<minArenaShift {
+		k = bits.Len(uint(n-1)) - minArenaShift
+	}
+	if k >= arenaClasses {
+		return -1
+	}
+	return k
+}
+
+// getArena returns a buffer of at least n bytes for Parse.
+func getArena(n int) *[]byte {
+	k := arenaClass(n)
+	if k < 0 {
+		b := make([]byte, 0, n)
+		return &b
+	}
+	if v, ok := arenas[k].Get().(*[]byte); ok {
+		return v
+	}
+	b := make([]byte, 0, 1<<(minArenaShift+k))
+	return &b
+}
+
+// putArena returns a released body's buffer to its class.
+func putArena(b *[]byte) {
+	if k := arenaClass(cap(*b)); k >= 0 && cap(*b) == 1<<(minArenaShift+k) {
+		*b = (*b)[:0]
+		arenas[k].Put(b)
+	}
 }
 
 type parser struct {

@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 func TestParse(t *testing.T) {
@@ -62,8 +66,10 @@ func TestParse(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
-			if !reflect.DeepEqual(*got, tt.want) {
-				t.Fatalf("Parse =\n%+v\nwant\n%+v", *got, tt.want)
+			g := *got
+			g.arena = nil
+			if !reflect.DeepEqual(g, tt.want) {
+				t.Fatalf("Parse =\n%+v\nwant\n%+v", g, tt.want)
 			}
 		})
 	}
@@ -371,6 +377,115 @@ func TestParseLongEscaped(t *testing.T) {
 		}
 		if got.Prompt != want.Prompt {
 			t.Fatalf("prompt of %q:\n got %q\nwant %q", body, got.Prompt, want.Prompt)
+		}
+	}
+}
+
+// chatBody is a chat body of about n bytes whose contents name tag.
+func chatBody(model, salt, tag string, n int) []byte {
+	text := strings.Repeat(tag+` caf\u00e9 `, n/(len(tag)+11)+1)
+	return []byte(`{"model":"` + model + `","cache_salt":"` + salt + `","messages":[{"role":"user","content":"` + text + `"}]}`)
+}
+
+func TestReleaseKeepsModelAndSalt(t *testing.T) {
+	long := strings.Repeat("m", 200) // beyond the body's own room
+	for _, model := range []string{"llama", long} {
+		a, err := Parse(chatBody(model, "salt-a", "aaaa", 4000), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		content := strings.Clone(a.Messages[0].Content)
+		a.Release()
+		if a.Model != model || a.CacheSalt != "salt-a" || a.Kind != Chat {
+			t.Fatalf("after Release: model %.10q, salt %q, kind %v", a.Model, a.CacheSalt, a.Kind)
+		}
+		if a.Messages != nil || a.Prompt != "" {
+			t.Fatalf("after Release the prompt is still readable: %d messages", len(a.Messages))
+		}
+		// The next body of the size reuses a's buffer: a's model and salt
+		// must not change, and b must read as itself.
+		b, err := Parse(chatBody("other", "salt-b", "bbbb", 4000), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Model != model || a.CacheSalt != "salt-a" {
+			t.Fatalf("a's model or salt changed when b was parsed: %.10q %q", a.Model, a.CacheSalt)
+		}
+		if b.Model != "other" || b.CacheSalt != "salt-b" || !strings.HasPrefix(b.Messages[0].Content, "bbbb café") || len(b.Messages[0].Content) != len(content) {
+			t.Fatalf("b = %q %q %.20q", b.Model, b.CacheSalt, b.Messages[0].Content)
+		}
+		b.Release()
+	}
+}
+
+func TestReleaseReusesTheBuffer(t *testing.T) {
+	body := chatBody("llama", "", "x", 16000)
+	allocs := testkit.AllocsPerRun(50, func() {
+		b, err := Parse(body, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Release()
+	})
+	if allocs > 1 {
+		t.Fatalf("Parse then Release: %v allocations, want 1 (the Body; the buffer is reused)", allocs)
+	}
+}
+
+// TestReleaseTwice: a second Release must not return the buffer again, or
+// two later bodies would share it.
+func TestReleaseTwice(t *testing.T) {
+	for range 20 {
+		a, err := Parse(chatBody("m", "", "a", 3000), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Release()
+		a.Release()
+		b, err := Parse(chatBody("m", "", "b", 3000), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := Parse(chatBody("m", "", "c", 3000), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(b.Messages[0].Content, "b café") || !strings.HasPrefix(c.Messages[0].Content, "c café") {
+			t.Fatalf("two bodies share a buffer: %.10q %.10q", b.Messages[0].Content, c.Messages[0].Content)
+		}
+		b.Release()
+		c.Release()
+	}
+}
+
+// TestReleaseConcurrent parses and releases from many goroutines: each
+// body must read as itself until released (run with -race).
+func TestReleaseConcurrent(t *testing.T) {
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 200 {
+				tag := fmt.Sprintf("g%di%d", g, i)
+				b, err := Parse(chatBody("m", tag, tag, 1000+500*(i%8)), 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if b.CacheSalt != tag || !strings.HasPrefix(b.Messages[0].Content, tag+" café") {
+					t.Errorf("body %s reads %q %.20q", tag, b.CacheSalt, b.Messages[0].Content)
+					return
+				}
+				b.Release()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestArenaClass(t *testing.T) {
+	for _, tt := range []struct{ n, want int }{{0, 0}, {1, 0}, {1024, 0}, {1025, 1}, {2048, 1}, {2049, 2}, {1 << 20, 10}, {1<<20 + 1, -1}} {
+		if got := arenaClass(tt.n); got != tt.want {
+			t.Errorf("arenaClass(%d) = %d, want %d", tt.n, got, tt.want)
 		}
 	}
 }

@@ -127,9 +127,11 @@ func benchParse(b *testing.B, body []byte) {
 	b.ReportAllocs()
 	cpu := testkit.StartCPU()
 	for b.Loop() {
-		if _, err := Parse(body, 0); err != nil {
+		v, err := Parse(body, 0)
+		if err != nil {
 			b.Fatal(err)
 		}
+		v.Release()
 	}
 	cpu.Report(b)
 }

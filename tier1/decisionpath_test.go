@@ -257,6 +257,7 @@ func (d *pathDecider) decide() error {
 	d.req.Model, d.req.Adapter = body.Model, ""
 	f.s.Prepare(&d.req, body)
 	d.dst, err = f.s.Schedule(&d.req, now, d.dst[:0])
+	body.Release() // as the data plane does once the request is scheduled
 	if err != nil {
 		return err
 	}

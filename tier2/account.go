@@ -77,8 +77,8 @@ func (a *streamAccount) tokens(c *call) int64 {
 		return a.total
 	}
 	prompt := a.prompt
-	if prompt == 0 && c.body != nil {
-		prompt = int64(c.body.EstimateTokens())
+	if prompt == 0 {
+		prompt = c.promptTokens
 	}
 	return prompt + a.completion + a.chunks
 }

@@ -70,6 +70,9 @@ var (
 func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Request) {
 	var buf [8]regions.Target
 	targets := r.cfg.Fleet.Select(buf[:0], regions.Request{Model: c.resolved.Target, PrefixHash: r.prefixHash(c), Clusters: c.resolved.Clusters})
+	// The prompt has been estimated, charged and hashed: only the raw body
+	// and the model are read from here on.
+	c.body.Release()
 	if c.spill {
 		targets = preferOtherRegions(targets, r.cfg.Region)
 	}
@@ -491,8 +494,8 @@ func (r *Router) settle(c *call, used int64) {
 		return
 	}
 	c.settled = true
-	if used <= 0 && c.body != nil {
-		used = int64(c.body.EstimateTokens())
+	if used <= 0 {
+		used = c.promptTokens
 	}
 	if c.caller != nil {
 		r.m.charged.WithLabelValues(c.chargeLabel).Add(float64(used))

@@ -389,18 +389,22 @@ func (r *Router) modelIDs(st *state, tenant string) []string {
 
 // call is one request as it walks the stages.
 type call struct {
-	start    time.Time
-	caller   *Caller
-	band     priority.Band
-	body     *request.Body
-	params   request.Params
-	raw      []byte
-	resolved rewrite.Resolution
-	rl       ratelimit.Decision
-	ticket   *priority.Ticket
-	spill    bool // admission asked to prefer another Region
-	served   regions.Target
-	settled  bool // token usage reconciled
+	start  time.Time
+	caller *Caller
+	band   priority.Band
+	body   *request.Body
+	// promptTokens is the body's prompt estimate, taken once when it is
+	// parsed: what is charged when upstream reports no usage, and still
+	// known once the prompt itself is released.
+	promptTokens int64
+	params       request.Params
+	raw          []byte
+	resolved     rewrite.Resolution
+	rl           ratelimit.Decision
+	ticket       *priority.Ticket
+	spill        bool // admission asked to prefer another Region
+	served       regions.Target
+	settled      bool // token usage reconciled
 	// forwarded: every stage let the request through; it is charged.
 	forwarded bool
 	// hideUsage, hideContinuous: Tier-2 asked upstream for a final usage
@@ -527,6 +531,7 @@ func (r *Router) parse(_ *state, c *call, w http.ResponseWriter, req *http.Reque
 			Message: fmt.Sprintf("the request body was not received within %s", r.cfg.BodyReadTimeout)}
 	}
 	if err == nil {
+		c.promptTokens = int64(c.body.EstimateTokens())
 		c.params, err = request.Validate(c.raw)
 	}
 	if err != nil {
@@ -593,7 +598,7 @@ func (r *Router) rateLimit(_ *state, c *call, w http.ResponseWriter, _ *http.Req
 	if mt <= 0 {
 		mt = int64(r.cfg.DefaultMaxTokens)
 	}
-	est := request.EstimateCharge(int64(c.body.EstimateTokens()), mt, c.params.N)
+	est := request.EstimateCharge(c.promptTokens, mt, c.params.N)
 	c.rl = r.cfg.Limiter.Allow(ratelimit.Request{Tenant: c.caller.Tenant, Model: c.resolved.Target, Band: c.band.String(), Tokens: est})
 	c.rl.Headers(headerSetter(w.Header()))
 	if !c.rl.Allowed {

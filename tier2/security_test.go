@@ -24,6 +24,7 @@ import (
 	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/ratelimit"
 	"github.com/meridian-router/meridian/regions"
+	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/sim/simtest"
 )
@@ -648,5 +649,35 @@ func TestRoutesAuthenticate(t *testing.T) {
 	readErr(t, d.post(t, t.Context(), d.token(t, "team", nil), "/v1/embeddings", `{"model":"chat-model","input":"x"}`, nil), 404)
 	if c := d.charged("team"); c != 0 {
 		t.Fatalf("an unrouted endpoint was charged %.0f tokens", c)
+	}
+}
+
+// An answer that reports no usage is charged the prompt's estimate, taken
+// when the body was read: the prompt itself is released once the request
+// is scheduled, and the charge must not fall to what a released body
+// estimates (nothing).
+func TestChargedPromptEstimateWithoutUsage(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"id":"c","object":"chat.completion","model":"chat-model","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}`))
+	}))
+	defer up.Close()
+	d := newDoor(t, nil, up.URL)
+	body := `{"model":"chat-model","messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", 400) + `"}]}`
+	parsed, err := request.Parse([]byte(body), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := float64(parsed.EstimateTokens())
+	resp := d.post(t, t.Context(), d.token(t, "team", nil), "/v1/chat/completions", body, nil)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	<-d.handled
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	if got := d.charged("team"); got != want || want < 1000 {
+		t.Fatalf("charged %.0f tokens, want the prompt's estimate %.0f", got, want)
 	}
 }

@@ -387,6 +387,7 @@ func (f *flow) route(eos bool) error {
 		return f.immediate(request.BodyError(err))
 	}
 	d, err := f.s.Gateway.Route(f.stream.Context(), body, gateway.Meta{Header: f.header, Subset: f.subset, Bytes: int64(len(raw))})
+	body.Release() // scheduled: only the model is read from here on
 	if err != nil {
 		if f.stream.Context().Err() != nil {
 			return errClosed // Envoy gave up on the request while it waited

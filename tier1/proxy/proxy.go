@@ -123,6 +123,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request) {
 	// Admission by band first; the pod is picked when the request leaves
 	// the queue.
 	d, err := p.Gateway.Route(r.Context(), body, gateway.Meta{Header: r.Header, Bytes: int64(len(raw))})
+	body.Release() // scheduled: only the model is read from here on
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the caller went away while waiting
