@@ -2,6 +2,7 @@ package request
 
 import (
 	"encoding/binary"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -163,5 +164,87 @@ func TestPrefixHashes(t *testing.T) {
 	got, _ = PrefixHashes(nil, ids, "target", 64, 256, nil)
 	if want := TokenBlockHashes(nil, Seed("target", ""), ids.TokenIDs, 16, 256); len(got) != 2 || !slices.Equal(got, want) {
 		t.Fatalf("token ids: %x, want %x (2 blocks of 16)", got, want)
+	}
+}
+
+// refBlockHashes is BlockHashes written plainly with a streaming digest:
+// the reference the fast paths are checked against.
+func refBlockHashes(seed uint64, text []byte, blockSize, maxBlocks int) []uint64 {
+	var out []uint64
+	prev := seed
+	for i := 0; (i+1)*blockSize <= len(text) && i < maxBlocks; i++ {
+		var d xxhash.Digest
+		d.Reset()
+		d.Write(text[i*blockSize : (i+1)*blockSize])
+		var le [8]byte
+		binary.LittleEndian.PutUint64(le[:], prev)
+		d.Write(le[:])
+		prev = d.Sum64()
+		out = append(out, prev)
+	}
+	return out
+}
+
+func TestHashBlockMatchesXXHash(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, size := range []int{32, 64, 96, 128, 480} {
+		block := make([]byte, size)
+		for range 50 {
+			for i := range block {
+				block[i] = byte(r.Uint32())
+			}
+			prev := r.Uint64()
+			buf := binary.LittleEndian.AppendUint64(append([]byte{}, block...), prev)
+			if got, want := hashBlock(block, prev), xxhash.Sum64(buf); got != want {
+				t.Fatalf("size %d: hashBlock %x, xxhash %x", size, got, want)
+			}
+		}
+	}
+}
+
+// TestChatBlockHashes: the hashes made from the messages' strings equal
+// those of the prompt text, for every block size and cap, across message
+// and part boundaries.
+func TestChatBlockHashes(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	word := func(n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte('a' + r.IntN(26))
+		}
+		return string(b)
+	}
+	for trial := range 300 {
+		var msgs []Message
+		for range r.IntN(6) {
+			m := Message{Role: word(r.IntN(10))}
+			if r.IntN(4) == 0 {
+				m.Parts = []Part{}
+				for range r.IntN(4) {
+					if r.IntN(3) == 0 {
+						m.Parts = append(m.Parts, Part{Type: "image_url", ImageURL: word(r.IntN(40))})
+					} else {
+						m.Parts = append(m.Parts, Part{Type: "text", Text: word(r.IntN(300))})
+					}
+				}
+			} else {
+				m.Content = word(r.IntN(700))
+			}
+			msgs = append(msgs, m)
+		}
+		b := &Body{Kind: Chat, Model: "m", Messages: msgs}
+		text := AppendPromptText(nil, b)
+		for _, bs := range []int{32, 64, 96, 48, 512} {
+			for _, maxBlocks := range []int{1, 3, 256} {
+				want := refBlockHashes(Seed("t", ""), text, bs, maxBlocks)
+				got, _ := PrefixHashes(nil, b, "t", bs, maxBlocks, nil)
+				if !slices.Equal(got, want) {
+					t.Fatalf("trial %d, block %d, cap %d: %d hashes, want %d (first differs: %v)", trial, bs, maxBlocks, len(got), len(want), len(got) > 0 && len(want) > 0 && got[0] != want[0])
+				}
+				if got := BlockHashes(nil, Seed("t", ""), text, bs, maxBlocks); !slices.Equal(got, want) {
+					t.Fatalf("trial %d, block %d, cap %d: BlockHashes differs from the reference", trial, bs, maxBlocks)
+				}
+			}
+		}
 	}
 }
