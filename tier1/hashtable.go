@@ -16,7 +16,7 @@ import "math/bits"
 // after many deletions).
 //
 // Writers confirm a tag against the head node's hash. A match trusts the
-// tag (32 bits, plus the stripe's 4): two blocks of a stripe whose tags
+// tag (32 bits, plus the stripe's 8): two blocks of a stripe whose tags
 // collide within a probe run (about one lookup in 10⁹ at the loads kept)
 // would share a count, a negligible error in a routing estimate that saves
 // a cache miss a block.

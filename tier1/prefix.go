@@ -72,7 +72,7 @@ type PrefixIndex struct {
 // A node is named by a ref: its chunk, shifted left by chunkBits, or'ed
 // with its index in the chunk.
 const (
-	stripeBits = 4
+	stripeBits = 8
 	numStripes = 1 << stripeBits
 	stripeMask = numStripes - 1
 	chunkBits  = 11
@@ -543,38 +543,39 @@ func (x *PrefixIndex) free(p *podEntries, nodes []int32) {
 }
 
 // groupByStripe fills dst with the positions 0..n-1 that keep reports,
-// ordered by stripe, each run of one stripe ended by -1.
+// grouped by stripe (the stripes in the order first seen), each run of
+// one stripe ended by -1. Only the stripes seen are visited: a prompt
+// touches a few of them.
 func groupByStripe(dst []int32, n int, of func(i int) (st int32, keep bool)) []int32 {
 	var count [numStripes]int32
+	var seen [numStripes]uint8
+	nseen := 0
 	kept := 0
 	for i := range n {
 		if st, keep := of(i); keep {
+			if count[st] == 0 {
+				seen[nseen] = uint8(st)
+				nseen++
+			}
 			count[st]++
 			kept++
 		}
 	}
-	runs := 0
-	for _, c := range count {
-		if c > 0 {
-			runs++
-		}
-	}
-	dst = grow(dst, kept+runs)
-	// Start of each stripe's run, leaving a slot for its end marker.
-	var at [numStripes]int32
+	dst = grow(dst, kept+nseen)
+	// count becomes each seen stripe's next position, leaving a slot for
+	// its run's end marker.
 	next := int32(0)
-	for st, c := range count {
-		if c > 0 {
-			at[st] = next
-			next += c
-			dst[next] = -1
-			next++
-		}
+	for _, st := range seen[:nseen] {
+		c := count[st]
+		count[st] = next
+		next += c
+		dst[next] = -1
+		next++
 	}
 	for i := range n {
 		if st, keep := of(i); keep {
-			dst[at[st]] = int32(i)
-			at[st]++
+			dst[count[st]] = int32(i)
+			count[st]++
 		}
 	}
 	return dst

@@ -12,6 +12,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"runtime/pprof"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -32,23 +35,56 @@ func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
 func main() {
+	os.Exit(run())
+}
+
+func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ignoreHangup()
+	stopProfile, err := startCPUProfile(os.Getenv("MERIDIAN_CPUPROFILE"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer stopProfile()
 	root := newRootCmd()
-	err := root.ExecuteContext(ctx)
+	err = root.ExecuteContext(ctx)
 	if err == nil {
-		return
+		return 0
 	}
 	fmt.Fprintln(os.Stderr, err)
 	var ee *exitError
 	switch {
 	case errors.As(err, &ee):
-		os.Exit(ee.code)
+		return ee.code
 	case errors.Is(err, platform.ErrUsage):
-		os.Exit(2)
+		return 2
 	}
-	os.Exit(1)
+	return 1
+}
+
+// startCPUProfile writes a CPU profile of the whole run to path (an
+// "%p" in it becomes the process id, for several processes started with
+// one environment) when path is set: MERIDIAN_CPUPROFILE, for profiling a
+// tier under real load and for refreshing default.pgo (docs/BENCHMARKS.md).
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	path = strings.ReplaceAll(path, "%p", strconv.Itoa(os.Getpid()))
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("MERIDIAN_CPUPROFILE: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("MERIDIAN_CPUPROFILE: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // ignoreHangup keeps SIGHUP from killing the process (its default
