@@ -80,6 +80,13 @@ type Body struct {
 	// integer. Rate limits charge it at admission.
 	MaxTokens int
 
+	// parsed is the length of the body parsed, and prompts the byte ranges
+	// of its first prompt values ("prompt", "messages"), each well-formed
+	// JSON: ValidateParsed steps over them.
+	parsed   int
+	prompts  [2][2]int
+	nprompts int
+
 	// arena is the pooled buffer Prompt's and Messages' strings share,
 	// which Release returns; nil for a Body that Parse did not make or
 	// that was released.
@@ -187,6 +194,7 @@ func Parse(data []byte, maxBytes int64) (*Body, error) {
 	if err := p.body(); err != nil {
 		return nil, err
 	}
+	pb.parsed = len(data)
 	// The strings that outlive Release move out of the arena.
 	pb.Model = pb.keep(pb.Model)
 	pb.CacheSalt = pb.keep(pb.CacheSalt)
@@ -293,6 +301,15 @@ type parser struct {
 	hasModel           bool
 }
 
+// scanned records that the value from start to the cursor is well-formed
+// JSON (the prompt's, the bulk of a body), for ValidateParsed to step over.
+func (p *parser) scanned(start int) {
+	if n := p.out.nprompts; n < len(p.out.prompts) && p.s.i > start {
+		p.out.prompts[n] = [2]int{start, p.s.i}
+		p.out.nprompts++
+	}
+}
+
 func malformed(err error) error {
 	return fmt.Errorf("request: %w: %w", ErrMalformed, err)
 }
@@ -346,12 +363,16 @@ func (p *parser) body() error {
 		case "prompt":
 			p.hasPrompt = true
 			p.out.Prompt, p.out.TokenIDs = "", nil
+			start := s.i
 			p.promptErr = p.field(p.prompt)
+			p.scanned(start)
 			return p.syntaxOnly(p.promptErr)
 		case "messages":
 			p.hasMsgs = true
 			p.out.Messages = nil
+			start := s.i
 			p.msgErr = p.field(p.messages)
+			p.scanned(start)
 			return p.syntaxOnly(p.msgErr)
 		}
 		return s.skip()

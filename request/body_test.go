@@ -67,7 +67,7 @@ func TestParse(t *testing.T) {
 				t.Fatalf("Parse: %v", err)
 			}
 			g := *got
-			g.arena = nil
+			g.arena, g.parsed, g.prompts, g.nprompts = nil, 0, [2][2]int{}, 0
 			if !reflect.DeepEqual(g, tt.want) {
 				t.Fatalf("Parse =\n%+v\nwant\n%+v", g, tt.want)
 			}

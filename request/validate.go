@@ -55,6 +55,21 @@ type Params struct {
 // model or the prompt (Parse does). A refused body returns a *ParamError,
 // or an error wrapping ErrMalformed when it is not a JSON object.
 func Validate(data []byte) (Params, error) {
+	return validate(data, nil)
+}
+
+// ValidateParsed is Validate for data that b was parsed from (Parse,
+// Read, ReadSized): it steps over the prompt's value, which Parse has
+// already read, instead of scanning it again. For other data it is
+// Validate.
+func ValidateParsed(data []byte, b *Body) (Params, error) {
+	if b == nil || b.parsed != len(data) {
+		b = nil
+	}
+	return validate(data, b)
+}
+
+func validate(data []byte, parsed *Body) (Params, error) {
 	v := validator{s: scanner{b: data}, p: Params{N: 1}}
 	if v.s.peek() != '{' {
 		return Params{}, malformed(v.s.errorf("want a JSON object"))
@@ -108,6 +123,14 @@ func Validate(data []byte) (Params, error) {
 			return v.str("user", "a string")
 		case "stream_options":
 			return v.streamOptions()
+		}
+		if parsed != nil {
+			for _, r := range parsed.prompts[:parsed.nprompts] {
+				if r[0] == v.s.i {
+					v.s.i = r[1] // read by Parse: well-formed
+					return nil
+				}
+			}
 		}
 		return v.s.skip()
 	})

@@ -3,7 +3,9 @@ package request
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -106,8 +108,16 @@ func FuzzValidate(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"messages":5,"messages":[],"n":3,"stream":true}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := Validate(data)
+		if b, perr := Parse(data, 0); perr == nil {
+			// Stepping over what Parse read changes nothing.
+			p2, err2 := ValidateParsed(data, b)
+			if p2 != p || fmt.Sprint(err2) != fmt.Sprint(err) {
+				t.Fatalf("ValidateParsed = %+v, %v; Validate = %+v, %v for %q", p2, err2, p, err, data)
+			}
+		}
 		if err != nil {
 			return
 		}
@@ -147,4 +157,43 @@ func FuzzValidate(f *testing.F) {
 			t.Fatalf("IncludeUsage %v, encoding/json reads %v in %q", p.IncludeUsage, got, data)
 		}
 	})
+}
+
+// ValidateParsed steps over the prompt values Parse read and otherwise
+// reads what Validate reads: parameters before, between and after the
+// prompt, repeated prompt keys (more than it records), and data that is
+// not what the body was parsed from.
+func TestValidateParsed(t *testing.T) {
+	long := strings.Repeat(`caf\u00e9 \"x\" `, 500)
+	cases := []string{
+		`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"` + long + `"}],"n":2,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","messages":[],"prompt":"` + long + `","temperature":3}`,
+		`{"model":"m","messages":[{"role":"user","content":"a"}],"messages":5,"messages":[{"role":"user","content":"b"}],"top_p":0.5,"messages":[],"max_tokens":"x"}`,
+		`{"model":"m","prompt":[1,2,3],"seed":1.5}`,
+		`{"model":"m","prompt":{"x":[1,{"y":"z"}]},"stop":["a","b","c","d","e"],"messages":[{"role":"user","content":[{"type":"text","text":"` + long + `"}]}]}`,
+	}
+	for i, body := range cases {
+		data := []byte(body)
+		b, err := Parse(data, 0)
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		if b.nprompts == 0 {
+			t.Fatalf("case %d: no prompt range recorded", i)
+		}
+		want, werr := Validate(data)
+		got, gerr := ValidateParsed(data, b)
+		if got != want || fmt.Sprint(gerr) != fmt.Sprint(werr) {
+			t.Fatalf("case %d: ValidateParsed = %+v, %v; Validate = %+v, %v", i, got, gerr, want, werr)
+		}
+		b.Release()
+		if got, gerr := ValidateParsed(data, b); got != want || fmt.Sprint(gerr) != fmt.Sprint(werr) {
+			t.Fatalf("case %d after Release: %+v, %v", i, got, gerr)
+		}
+		// Other data than the body's: read whole.
+		other := []byte(`{"model":"m","prompt":"x","n":1000}`)
+		if _, err := ValidateParsed(other, b); err == nil {
+			t.Fatalf("case %d: another body's n=1000 accepted", i)
+		}
+	}
 }

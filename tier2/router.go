@@ -532,7 +532,7 @@ func (r *Router) parse(_ *state, c *call, w http.ResponseWriter, req *http.Reque
 	}
 	if err == nil {
 		c.promptTokens = int64(c.body.EstimateTokens())
-		c.params, err = request.Validate(c.raw)
+		c.params, err = request.ValidateParsed(c.raw, c.body)
 	}
 	if err != nil {
 		return request.BodyError(err)
