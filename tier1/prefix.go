@@ -679,6 +679,15 @@ func (x *PrefixIndex) drop(p *podEntries, st *stripe, i int32) {
 	p.free = i
 }
 
+// Reset forgets every endpoint's entries, for a pool whose hashes change
+// meaning (another scoring mode or block size). Endpoints keep their
+// slots; each one's capacity is set again by its next add.
+func (x *PrefixIndex) Reset() {
+	for slot := range *x.pods.Load() {
+		x.removePod(int32(slot))
+	}
+}
+
 // removePod forgets everything about an endpoint slot.
 func (x *PrefixIndex) removePod(slot int32) {
 	p := x.podIfAny(slot)

@@ -299,11 +299,36 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 			delete(g.pools, name)
 		}
 	}
+	old := g.table.Load()
 	g.table.Store(t)
+	resetChangedIndexes(old, t)
 	g.tenants.Update(snap.Tenants) // validated above
 	g.syncEndpointsLocked()
 	g.metrics.configRevision.Set(float64(snap.Revision))
 	return nil
+}
+
+// resetChangedIndexes empties the prefix index of every pool kept from old
+// to t whose hashes change meaning: another scoring mode (GIE's index
+// holds every block, Meridian's every 16th) or block size. Left, the old
+// entries would match nothing, or the wrong blocks, and hold the pods'
+// capacity until evicted.
+func resetChangedIndexes(old, t *table) {
+	if old == nil {
+		return
+	}
+	before := map[*poolState]config.SchedulerPolicy{}
+	for _, r := range old.byModel {
+		before[r.state] = r.sched.Policy()
+	}
+	for _, r := range t.byModel {
+		if p, ok := before[r.state]; ok {
+			q := r.sched.Policy()
+			if p.Scoring != q.Scoring || p.BlockSize != q.BlockSize {
+				r.state.pool.PrefixIndex().Reset()
+			}
+		}
+	}
 }
 
 // SetPods replaces the Kubernetes pods discovery knows; it is

@@ -405,3 +405,54 @@ func fieldsScenario(t *testing.T, gw *gateway.Gateway, eps map[string]*tier1.End
 		t.Fatalf("primary %s with pod a's metrics 3s old and maxMetricsAge 1m; want a (idle)", p)
 	}
 }
+
+// A reload that changes what a pool's prefix hashes mean (the scoring
+// mode, the block size) empties its index; one that changes neither, say
+// the weights, keeps it. Kept, GIE's per-block entries would hold the
+// pods' capacity under Meridian's anchored matching (and Meridian's
+// anchors would match nothing under GIE's), until evicted.
+func TestReloadResetsIndexWhenHashesChangeMeaning(t *testing.T) {
+	yaml := func(sched string) *config.Snapshot {
+		return testkit.Snapshot(t, 1, testkit.ChatGateway+sched+twoPodsYAML)
+	}
+	gw, err := gateway.New(gateway.Config{Cluster: "c1", Logger: quiet, Registerer: prometheus.NewRegistry(),
+		Options: tier1.Options{MaxMetricsAge: time.Hour}}, yaml("    scoring: gie\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := gw.Pools()[0].Pool
+	for _, ep := range pool.Endpoints() {
+		ep.SetMetrics(&tier1.Metrics{ScrapedAt: time.Now(), BlockSize: 16, GPUBlocks: 1000})
+	}
+	prompt := &request.Body{Model: "chat-model", Kind: request.Completion, Prompt: strings.Repeat("a long shared prompt ", 100)}
+	fill := func() {
+		t.Helper()
+		d, err := gw.Route(context.Background(), prompt, gateway.Meta{Header: http.Header{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gw.Dispatch(d, d.Endpoints[0]).Done(http.StatusOK, false)
+		d.Release()
+		if pool.PrefixIndex().Len() == 0 {
+			t.Fatal("a dispatch left the index empty")
+		}
+	}
+	for _, step := range []struct {
+		name, sched string
+		reset       bool
+	}{
+		{"gie to meridian", "    scoring: meridian\n", true},
+		{"weights only", "    scoring: meridian\n    weights: {queue: 1, prefix: 5}\n", false},
+		{"block size", "    scoring: meridian\n    weights: {queue: 1, prefix: 5}\n    options: {prefix: {blockSize: 32}}\n", true},
+		{"meridian to gie", "    scoring: gie\n    options: {prefix: {blockSize: 32}}\n", true},
+	} {
+		fill()
+		before := pool.PrefixIndex().Len()
+		if err := gw.Apply(yaml(step.sched)); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if after := pool.PrefixIndex().Len(); (after == 0) != step.reset || (!step.reset && after != before) {
+			t.Fatalf("%s: index %d entries → %d, want reset %v", step.name, before, after, step.reset)
+		}
+	}
+}
