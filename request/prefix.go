@@ -98,12 +98,13 @@ func TokenBlockHashes(dst []uint64, seed uint64, ids []int64, blockTokens, maxBl
 
 // PrefixHashes appends the prompt's prefix-block hashes as Meridian
 // computes them, in both tiers, and returns the extended slice and the
-// scratch buffer (pass it back to reuse it). target is the name the model
-// server knows the request by (the LoRA adapter, else the model after any
-// rewrite); blockSize is in characters (64 by default), and token-id
-// prompts are cut every blockSize/4 ids. A Tier-2 that hashes with the
-// same target, block size and cap gets the same hashes as the Tier-1
-// behind it.
+// scratch buffer (pass it back to reuse it; what it holds is not the
+// prompt's text: a chat is hashed from its messages without building the
+// text, see PrefixText). target is the name the model server knows the
+// request by (the LoRA adapter, else the model after any rewrite);
+// blockSize is in characters (64 by default), and token-id prompts are
+// cut every blockSize/4 ids. A Tier-2 that hashes with the same target,
+// block size and cap gets the same hashes as the Tier-1 behind it.
 func PrefixHashes(dst []uint64, b *Body, target string, blockSize, maxBlocks int, scratch []byte) ([]uint64, []byte) {
 	seed := Seed(target, b.CacheSalt)
 	if b.Kind == Completion && b.TokenIDs != nil {
@@ -115,14 +116,21 @@ func PrefixHashes(dst []uint64, b *Body, target string, blockSize, maxBlocks int
 		// and only those that span a boundary are assembled.
 		return chatBlockHashes(dst, seed, b.Messages, blockSize, maxBlocks), scratch
 	}
+	scratch = PrefixText(scratch[:0], b, blockSize, maxBlocks)
+	return BlockHashes(dst, seed, scratch, blockSize, maxBlocks), scratch
+}
+
+// PrefixText appends the text PrefixHashes hashes for a text prompt
+// (AppendPromptText's form): only the head that covers maxBlocks blocks
+// of blockSize, when that is bounded. PrefixHashes of a text prompt equals
+// BlockHashes of this text with Seed(target, b.CacheSalt).
+func PrefixText(dst []byte, b *Body, blockSize, maxBlocks int) []byte {
 	if blockSize > 0 && maxBlocks > 0 && maxBlocks <= (1<<40)/blockSize {
 		// Only the first maxBlocks blocks are hashed: copy no more of a
 		// long prompt than those.
-		scratch = AppendPromptHead(scratch[:0], b, blockSize*maxBlocks)
-	} else {
-		scratch = AppendPromptText(scratch[:0], b)
+		return AppendPromptHead(dst, b, blockSize*maxBlocks)
 	}
-	return BlockHashes(dst, seed, scratch, blockSize, maxBlocks), scratch
+	return AppendPromptText(dst, b)
 }
 
 // xxHash64's primes.

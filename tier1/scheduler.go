@@ -257,7 +257,16 @@ func (s *Scheduler) blockSize() int {
 // since a server shares no cache across models, adapters or salts.
 func (s *Scheduler) Prepare(req *Request, body *request.Body) {
 	sc := s.scratch.Get().(*scratch)
-	sc.text = s.PrepareText(req, body, sc.text)
+	if s.gie {
+		sc.text = s.PrepareText(req, body, sc.text)
+	} else {
+		// The text is not needed: PrefixHashes hashes a chat without
+		// building it.
+		req.PromptTokens = body.EstimateTokens()
+		req.MaxTokens = body.MaxTokens
+		req.Hashes, sc.text = request.PrefixHashes(req.Hashes[:0], body, req.target(), s.policy.BlockSize,
+			s.policy.MaxPrefixBlocks, sc.text)
+	}
 	s.scratch.Put(sc)
 }
 
@@ -277,11 +286,14 @@ func (s *Scheduler) PrepareText(req *Request, body *request.Body, buf []byte) []
 			buf, s.blockSize(), s.policy.MaxPrefixBlocks)
 		return buf[:0]
 	}
-	req.Hashes, buf = request.PrefixHashes(req.Hashes[:0], body, req.target(), s.policy.BlockSize,
-		s.policy.MaxPrefixBlocks, buf)
 	if body.Kind == request.Completion && body.TokenIDs != nil {
-		return buf[:0] // PrefixHashes left it as it was
+		req.Hashes, buf = request.PrefixHashes(req.Hashes[:0], body, req.target(), s.policy.BlockSize,
+			s.policy.MaxPrefixBlocks, buf)
+		return buf[:0] // no text
 	}
+	buf = request.PrefixText(buf[:0], body, s.policy.BlockSize, s.policy.MaxPrefixBlocks)
+	req.Hashes = request.BlockHashes(req.Hashes[:0], request.Seed(req.target(), body.CacheSalt), buf,
+		s.policy.BlockSize, s.policy.MaxPrefixBlocks)
 	return buf
 }
 

@@ -974,3 +974,31 @@ func TestWholeAnswersTrainOnlyUntilStreamed(t *testing.T) {
 		t.Fatalf("whole answers after a streamed first token moved pod 0's model: %v → %v", before, after)
 	}
 }
+
+// Prepare hashes a chat without building its text; PrepareText builds the
+// text its caller reads (the prompt sketch) and must give the same
+// hashes, and the text must be the head those hashes cover.
+func TestPrepareAndPrepareTextAgree(t *testing.T) {
+	pool, _ := newPool(Metrics{})
+	for _, size := range []int{64, 48} { // a multiple of 32 (hashed in place) and not
+		policy := config.DefaultPolicy()
+		policy.BlockSize, policy.MaxPrefixBlocks = size, 20
+		s, err := NewScheduler(pool, config.Scheduler{Name: "s", ModelName: "m"}, policy, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := &request.Body{Model: "m", Kind: request.Chat, CacheSalt: "salt", Messages: []request.Message{
+			{Role: "system", Content: strings.Repeat("be brief. ", 50)},
+			{Role: "user", Parts: []request.Part{{Type: "text", Text: strings.Repeat("question ", 40)}, {Type: "image_url", ImageURL: "http://x/y.png"}}},
+			{Role: "user", Content: strings.Repeat("more ", 300)}}}
+		a, b := &Request{Model: "m"}, &Request{Model: "m"}
+		s.Prepare(a, body)
+		text := s.PrepareText(b, body, nil)
+		if len(a.Hashes) != 20 || fmt.Sprint(a.Hashes) != fmt.Sprint(b.Hashes) || a.PromptTokens != b.PromptTokens {
+			t.Fatalf("block %d: Prepare %d hashes, PrepareText %d (tokens %d, %d)", size, len(a.Hashes), len(b.Hashes), a.PromptTokens, b.PromptTokens)
+		}
+		if want := request.AppendPromptHead(nil, body, size*20); string(text) != string(want) {
+			t.Fatalf("block %d: PrepareText's text is %d bytes, want the %d-byte head", size, len(text), len(want))
+		}
+	}
+}
