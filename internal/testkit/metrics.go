@@ -8,8 +8,9 @@ import (
 )
 
 // Metric returns the value of the first counter or gauge named name in g
-// whose labels include labels (0 when there is none), failing tb when g
-// cannot be gathered.
+// whose labels include labels (of a histogram, its count of
+// observations; 0 when there is none), failing tb when g cannot be
+// gathered.
 func Metric(tb testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
 	tb.Helper()
 	mfs, err := g.Gather()
@@ -33,6 +34,9 @@ func Metric(tb testing.TB, g prometheus.Gatherer, name string, labels map[string
 			}
 			if c := m.GetCounter(); c != nil {
 				return c.GetValue()
+			}
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
 			}
 			return m.GetGauge().GetValue()
 		}

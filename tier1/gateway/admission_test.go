@@ -348,3 +348,26 @@ func TestSaturationCountsAdmittedNotDispatched(t *testing.T) {
 		}
 	})
 }
+
+// meridian_tier1_ttft_seconds keeps a streamed response's first byte (its
+// first token) apart from a non-streamed one's (the whole answer): the
+// P99 TTFT rule and panel read stream="true" only.
+func TestTTFTByStream(t *testing.T) {
+	gw, eps, reg := newGateway(t, gateway.Config{}, "")
+	load(gw, eps, nil)
+	for _, stream := range []bool{true, false, false} {
+		b := &request.Body{Model: "chat-model", Kind: request.Completion, Prompt: "hello", Stream: stream}
+		d, err := gw.Decide(b, gateway.Meta{Header: http.Header{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := gw.Dispatch(d, d.Endpoints[0])
+		a.FirstByte()
+		a.Done(http.StatusOK, false)
+	}
+	for label, want := range map[string]float64{"true": 1, "false": 2} {
+		if got := counter(t, reg, "meridian_tier1_ttft_seconds", map[string]string{"model_name": "chat-model", "stream": label}); got != want {
+			t.Errorf("stream=%q: %v observations, want %v", label, got, want)
+		}
+	}
+}

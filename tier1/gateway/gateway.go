@@ -665,7 +665,17 @@ func (a *Attempt) FirstByte() {
 	// replicas would otherwise count it until the request ends.
 	a.publishInFlight()
 	a.d.state.stats.observeTTFT(a.sent, ttft)
-	a.g.metrics.ttft.WithLabelValues(a.d.Model, a.d.Pool).Observe(ttft.Seconds())
+	a.g.metrics.ttft.WithLabelValues(a.d.Model, a.d.Pool, streamLabel(a.d.Stream)).Observe(ttft.Seconds())
+}
+
+// streamLabel is meridian_tier1_ttft_seconds's stream label: a streamed
+// response's first byte is its first token, a non-streamed one's is the
+// whole answer, and the two must not be read as one TTFT.
+func streamLabel(stream bool) string {
+	if stream {
+		return "true"
+	}
+	return "false"
 }
 
 // canceledCode labels requests the caller abandoned (nginx's 499).
