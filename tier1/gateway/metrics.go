@@ -33,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Requests answered, by the model the caller named, the model routed to, pool and status."},
 			[]string{"model_name", "target_model_name", "pool", "code"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meridian_tier1_ttft_seconds",
-			Help: "Time to first response byte measured at Tier-1; stream=\"true\": a streamed response's first event (its first token), stream=\"false\": a whole non-streamed answer.",
+			Help:    "Time to first response byte measured at Tier-1; stream=\"true\": a streamed response's first event (its first token), stream=\"false\": a whole non-streamed answer.",
 			Buckets: latencyBuckets}, []string{"model_name", "pool", "stream"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meridian_tier1_request_duration_seconds",
 			Help: "Whole-request duration at Tier-1.", Buckets: latencyBuckets}, []string{"model_name", "pool"}),
