@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -679,5 +680,66 @@ func TestChargedPromptEstimateWithoutUsage(t *testing.T) {
 	}
 	if got := d.charged("team"); got != want || want < 1000 {
 		t.Fatalf("charged %.0f tokens, want the prompt's estimate %.0f", got, want)
+	}
+}
+
+// A caller that hangs up before its answer starts (a non-streamed request
+// waits for the whole completion) stops the pod's work on it, and is
+// charged its prompt only. Otherwise a caller holding a valid token could
+// open long completions, hang up at once, and keep the pods generating
+// for no one. The front door learns of the hang-up only by watching the
+// caller's connection while it waits (net/http's background read cancels
+// the request's context); a server that does not, such as fasthttp's,
+// fails this test.
+func TestCallerHangsUpBeforeFirstByte(t *testing.T) {
+	pod := startSim(t)
+	d := newDoor(t, nil, pod.URL())
+	const text = "Tell me a long story about routers, please."
+	const maxTokens = 4000 // about 8 s of wall time at the pod's speed
+	body := `{"model":"chat-model","max_tokens":4000,"messages":[{"role":"user","content":"` + text + `"}]}`
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	sent := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", d.token(t, "team", nil))
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			err = fmt.Errorf("the request was answered (%d: %.200s) before the caller hung up", resp.StatusCode, b)
+		}
+		sent <- err
+	}()
+	// Real sockets and the pod's wall clock: waited on observable states,
+	// each bounded at 30 s.
+	wait := func(what string, cond func(sim.Metrics) bool) sim.Metrics {
+		t.Helper()
+		wctx, stop := context.WithTimeout(t.Context(), 30*time.Second)
+		defer stop()
+		m, err := pod.WaitFor(wctx, cond)
+		if err != nil {
+			t.Fatalf("waiting for %s: %v (pod: %+v)", what, err, m)
+		}
+		return m
+	}
+	wait("the request to be generating", func(m sim.Metrics) bool { return m.Running == 1 && m.GenerationTokens > 0 })
+	cancel()
+	if err := <-sent; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the caller's request ended with %v, want its own cancellation", err)
+	}
+	m := wait("the pod to be idle", func(m sim.Metrics) bool { return m.Running == 0 && m.Waiting == 0 })
+	<-d.handled
+	if m.GenerationTokens >= maxTokens/2 {
+		t.Fatalf("the pod generated %d of %d tokens for a caller that had hung up: the hang-up did not reach it", m.GenerationTokens, maxTokens)
+	}
+	// Charged the prompt it had computed, not the max_tokens reserved (nor
+	// nothing: the pod did compute the prompt).
+	parsed, err := request.Parse([]byte(body), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := d.charged("team"), float64(parsed.EstimateTokens()); got != want {
+		t.Fatalf("charged %.0f tokens for a request that delivered nothing, want the prompt estimate's %.0f", got, want)
 	}
 }
