@@ -70,8 +70,8 @@ type CanaryConfig struct {
 //
 // Measurements per side, over the window:
 //   - requests, 5xx and 429 answers, and P99 TTFT from this instance's own
-//     meridian_tier2_requests_total and meridian_tier2_ttft_seconds for the
-//     public name and that target;
+//     meridian_tier2_requests_total and meridian_tier2_ttft_seconds (streamed
+//     answers when there are any) for the public name and that target;
 //   - the error rate and P99 TTFT of every pool serving the target (in the
 //     target's clusters) from the gossiped pool-health digests, which carry
 //     what every Tier-1 saw. A side's error count is the larger of its local
@@ -116,8 +116,41 @@ type sample struct {
 // counts are cumulative local counters of one side.
 type counts struct {
 	requests, errors, throttled float64
-	buckets                     []float64 // cumulative TTFT bucket counts, per latencyBuckets
-	ttftCount                   float64
+	ttft, streamed              ttftCounts // every answer's; streamed answers'
+}
+
+// ttftCounts is a cumulative TTFT histogram over latencyBuckets.
+type ttftCounts struct {
+	buckets []float64 // cumulative bucket counts
+	count   float64
+}
+
+// add sums one series of meridian_tier2_ttft_seconds into t.
+func (t *ttftCounts) add(h *dto.Histogram) {
+	if len(t.buckets) != len(h.GetBucket()) {
+		t.buckets = make([]float64, len(h.GetBucket()))
+	}
+	for i, b := range h.GetBucket() {
+		t.buckets[i] += float64(b.GetCumulativeCount())
+	}
+	t.count += float64(h.GetSampleCount())
+}
+
+// p99 is the 99th percentile of the answers between base and now, 0 when
+// there were none.
+func (t ttftCounts) p99(base ttftCounts) time.Duration {
+	n := t.count - base.count
+	if n <= 0 || len(t.buckets) != len(latencyBuckets) {
+		return 0
+	}
+	delta := make([]float64, len(t.buckets))
+	for i := range delta {
+		delta[i] = t.buckets[i]
+		if len(base.buckets) == len(delta) {
+			delta[i] -= base.buckets[i]
+		}
+	}
+	return quantile(0.99, delta, n)
 }
 
 // NewCanary builds the analysis over r's configuration and measurements.
@@ -430,15 +463,11 @@ func (c *Canary) stats(target string, clusters []string, now, base counts) rewri
 		Errors:    int64(now.errors - base.errors),
 		Throttled: int64(now.throttled - base.throttled),
 	}
-	if n := now.ttftCount - base.ttftCount; n > 0 && len(now.buckets) == len(latencyBuckets) {
-		delta := make([]float64, len(now.buckets))
-		for i := range delta {
-			delta[i] = now.buckets[i]
-			if len(base.buckets) == len(delta) {
-				delta[i] -= base.buckets[i]
-			}
-		}
-		s.TTFTP99 = quantile(0.99, delta, n)
+	// Streamed answers' first tokens when the window has any: a
+	// non-streamed answer's first byte is its last, so mixing them in
+	// would make the side whose callers stream less look slower.
+	if s.TTFTP99 = now.streamed.p99(base.streamed); s.TTFTP99 == 0 {
+		s.TTFTP99 = now.ttft.p99(base.ttft)
 	}
 	var errRate float64
 	var shared time.Duration
@@ -490,12 +519,10 @@ func (c *Canary) collect() map[sideKey]counts {
 	}
 	for _, m := range gather(c.r.m.ttft) {
 		k := sideKey{label(m, "model_name"), label(m, "target_model_name")}
-		h := m.GetHistogram()
 		cur := out[k]
-		cur.ttftCount = float64(h.GetSampleCount())
-		cur.buckets = make([]float64, len(h.GetBucket()))
-		for i, b := range h.GetBucket() {
-			cur.buckets[i] = float64(b.GetCumulativeCount())
+		cur.ttft.add(m.GetHistogram())
+		if label(m, "stream") == "true" {
+			cur.streamed.add(m.GetHistogram())
 		}
 		out[k] = cur
 	}

@@ -105,14 +105,24 @@ func (rig *canaryRig) rollout(t *testing.T) config.Rollout {
 	return *rig.load(t).Rewrites["chat"].Spec.Rollout
 }
 
-// serve records n answers with code and ttft for target on instance i, as
-// Tier-2's request path counts them.
+// serve records n streamed answers with code and ttft for target on
+// instance i, as Tier-2's request path counts them.
 func (rig *canaryRig) serve(i int, target string, n int, code string, ttft time.Duration) {
+	rig.serveAs(i, target, n, code, ttft, "true")
+}
+
+// serveWhole is serve for non-streamed answers: ttft is the whole answer's
+// latency.
+func (rig *canaryRig) serveWhole(i int, target string, n int, latency time.Duration) {
+	rig.serveAs(i, target, n, "200", latency, "false")
+}
+
+func (rig *canaryRig) serveAs(i int, target string, n int, code string, ttft time.Duration, stream string) {
 	m := rig.tier2[i].r.m
 	for range n {
 		m.requests.WithLabelValues("chat", target, "r1", "c1", code).Inc()
 		if code == "200" {
-			m.ttft.WithLabelValues("chat", target).Observe(ttft.Seconds())
+			m.ttft.WithLabelValues("chat", target, stream).Observe(ttft.Seconds())
 		}
 	}
 }
@@ -153,6 +163,16 @@ func TestCanaryAnalysis(t *testing.T) {
 			&regions.Digest{Region: "r2", Cluster: "c2", Pool: "v2", Model: "chat-v2", ReadyPods: 1, TotalPods: 1, TTFTP99: 2 * time.Second},
 			time.Second, rewrite.StatusDegraded, 0, "P99 TTFT"},
 		{"a passing step advances after its interval", healthy, nil, 11 * time.Second, rewrite.StatusProgressing, 1, "within limits"},
+		// A non-streamed answer's first byte is its last: a few long
+		// whole answers beside fast streams are not a slow canary.
+		{"long non-streamed answers beside fast streams pass", func(rig *canaryRig, i int) {
+			healthy(rig, i)
+			rig.serveWhole(i, "chat-v2", 10, 5*time.Second)
+		}, nil, 11 * time.Second, rewrite.StatusProgressing, 1, "within limits"},
+		{"a slow canary whose callers never stream aborts", func(rig *canaryRig, i int) {
+			rig.serveWhole(i, "chat-v1", 50, 100*time.Millisecond)
+			rig.serveWhole(i, "chat-v2", 50, 2*time.Second)
+		}, nil, time.Second, rewrite.StatusDegraded, 0, "P99 TTFT"},
 		{"a passing step holds before its interval", healthy, nil, 4 * time.Second, rewrite.StatusProgressing, 0, ""},
 		{"too little traffic pauses at the interval", func(rig *canaryRig, i int) {
 			rig.serve(i, "chat-v1", 3, "200", 100*time.Millisecond)
@@ -294,7 +314,7 @@ func BenchmarkCanaryRound(b *testing.B) {
 			for _, code := range []string{"200", "429", "503"} {
 				r.m.requests.WithLabelValues(fmt.Sprint("m", i), tg, "r1", "c1", code).Add(10)
 			}
-			r.m.ttft.WithLabelValues(fmt.Sprint("m", i), tg).Observe(0.1)
+			r.m.ttft.WithLabelValues(fmt.Sprint("m", i), tg, "true").Observe(0.1)
 		}
 	}
 	ctx := context.Background()

@@ -274,10 +274,12 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	h["X-Meridian-Cluster"] = served[1:2:2]
 	w.WriteHeader(resp.StatusCode)
 	first := false
-	markFirst := func() {
+	// markFirst observes the first byte; streamed says whether the answer
+	// is an event stream (otherwise its first byte is its last).
+	markFirst := func(streamed string) {
 		if !first {
 			first = true
-			r.m.ttft.WithLabelValues(c.resolved.Public, c.resolved.Target).Observe(r.cfg.Now().Sub(c.start).Seconds())
+			r.m.ttft.WithLabelValues(c.resolved.Public, c.resolved.Target, streamed).Observe(r.cfg.Now().Sub(c.start).Seconds())
 		}
 	}
 	rc := http.NewResponseController(w)
@@ -291,7 +293,7 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	defer idle.stop()
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		markFirst()
+		markFirst("false")
 		if rename {
 			b = bytes.Replace(b, from, to, 1)
 		}
@@ -340,7 +342,7 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 			idle.touch()
 		}
 		if len(line) > 0 {
-			markFirst()
+			markFirst("true")
 			drop := false
 			var ev streamEvent
 			if bytes.HasPrefix(line, []byte("data: {")) {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/meridian-router/meridian/internal/testkit"
@@ -741,5 +742,33 @@ func TestCallerHangsUpBeforeFirstByte(t *testing.T) {
 	}
 	if got, want := d.charged("team"), float64(parsed.EstimateTokens()); got != want {
 		t.Fatalf("charged %.0f tokens for a request that delivered nothing, want the prompt estimate's %.0f", got, want)
+	}
+}
+
+// meridian_tier2_ttft_seconds says whether the answer streamed: a
+// non-streamed answer's first byte is its last, and mixed in it would
+// inflate the P99 TTFT that dashboards, CloudWatch and canary analysis read.
+func TestTTFTByStream(t *testing.T) {
+	pod := startSim(t)
+	d := newDoor(t, nil, pod.URL())
+	tok := d.token(t, "team", nil)
+	for _, stream := range []string{"true", "false", "false"} {
+		resp := d.post(t, t.Context(), tok, "/v1/chat/completions",
+			`{"model":"chat-model","max_tokens":3,"stream":`+stream+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		<-d.handled
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream=%s: status %d", stream, resp.StatusCode)
+		}
+	}
+	for stream, want := range map[string]uint64{"true": 1, "false": 2} {
+		var m dto.Metric
+		if err := d.m.ttft.WithLabelValues("chat-model", "chat-model", stream).(prometheus.Histogram).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.GetHistogram().GetSampleCount(); got != want {
+			t.Errorf("stream=%q: %d observations, want %d", stream, got, want)
+		}
 	}
 }

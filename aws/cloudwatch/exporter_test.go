@@ -325,16 +325,19 @@ func TestQuantile(t *testing.T) {
 func TestFromGatherer(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier2_requests_total"}, []string{"model_name", "target_model_name", "region", "cluster", "code"})
-	ttft := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meridian_tier2_ttft_seconds", Buckets: []float64{0.25, 1}}, []string{"model_name", "target_model_name"})
+	ttft := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meridian_tier2_ttft_seconds", Buckets: []float64{0.25, 1}}, []string{"model_name", "target_model_name", "stream"})
 	failovers := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier2_failovers_total"}, []string{"from_region", "to_region"})
 	reg.MustRegister(requests, ttft, failovers)
 	requests.WithLabelValues("qwen", "qwen-v1", "us-east-1", "us-east-1a", "200").Add(90)
 	requests.WithLabelValues("qwen", "qwen-v2", "eu-west-1", "eu-west-1a", "200").Add(6)
 	requests.WithLabelValues("qwen", "qwen-v1", "", "", "429").Add(4)
 	for range 3 {
-		ttft.WithLabelValues("qwen", "qwen-v1").Observe(0.1)
+		ttft.WithLabelValues("qwen", "qwen-v1", "true").Observe(0.1)
 	}
-	ttft.WithLabelValues("qwen", "qwen-v2").Observe(0.5)
+	ttft.WithLabelValues("qwen", "qwen-v2", "true").Observe(0.5)
+	// Whole answers (their first byte is their last) stay out of TTFT.
+	ttft.WithLabelValues("qwen", "qwen-v1", "false").Observe(0.8)
+	ttft.WithLabelValues("qwen", "qwen-v1", "false").Observe(3)
 	failovers.WithLabelValues("us-east-1", "eu-west-1").Add(6)
 
 	a := FromGatherer(reg)()

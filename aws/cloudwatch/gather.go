@@ -17,7 +17,8 @@ const (
 // FromGatherer returns a source that reads a Tier-2's aggregates from its
 // Prometheus registry: requests and 429s by model_name from
 // meridian_tier2_requests_total, TTFT by model_name from
-// meridian_tier2_ttft_seconds (target models merged), and every
+// meridian_tier2_ttft_seconds (target models merged; streamed answers
+// only, since a non-streamed answer's first byte is its last), and every
 // meridian_tier2_failovers_total. Metrics not registered yet read as
 // zero. A gathering error yields what could be read.
 func FromGatherer(g prometheus.Gatherer) func() Aggregates {
@@ -37,6 +38,9 @@ func FromGatherer(g prometheus.Gatherer) func() Aggregates {
 				}
 			case metricTTFT:
 				for _, m := range f.GetMetric() {
+					if label(m, "stream") == "false" {
+						continue // a whole answer's latency, not a first token
+					}
 					model := label(m, "model_name")
 					a.TTFT[model] = merge(a.TTFT[model], m.GetHistogram())
 				}
