@@ -26,7 +26,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Requests answered, by the model named, the model routed to, the Region and cluster that served, and status."},
 			[]string{"model_name", "target_model_name", "region", "cluster", "code"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meridian_tier2_ttft_seconds",
-			Help: "Time to the first response byte measured at Tier-2, by the model named, the model routed to, and whether the answer streamed (a non-streamed answer's first byte is its last: stream=\"false\" is its whole latency).",
+			Help:    "Time to the first response byte measured at Tier-2, by the model named, the model routed to, and whether the answer streamed (a non-streamed answer's first byte is its last: stream=\"false\" is its whole latency).",
 			Buckets: latencyBuckets}, []string{"model_name", "target_model_name", "stream"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier2_rejected_total",
 			Help: "Requests answered by Tier-2 itself with an error, by tenant, band and reason."}, []string{"tenant", "band", "reason"}),
