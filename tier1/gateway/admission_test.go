@@ -371,3 +371,43 @@ func TestTTFTByStream(t *testing.T) {
 		}
 	}
 }
+
+// The health feed's TTFT quantiles are first tokens: a non-streamed
+// answer's first byte is its last, so beside streamed requests its whole
+// latency stays out (canary analysis compares pools on this P99). A pool
+// whose callers never stream still reports its answers' latency.
+func TestPoolTTFTPrefersStreamed(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	for _, tc := range []struct {
+		name    string
+		streams []bool
+		wantP99 time.Duration
+	}{
+		{"streamed and whole answers", []bool{true, false, true, false, true, false}, 100 * time.Millisecond},
+		{"whole answers only", []bool{false, false}, 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := now
+			gw, eps, _ := newGateway(t, gateway.Config{Now: func() time.Time { return clock }}, "")
+			load(gw, eps, nil)
+			for _, stream := range tc.streams {
+				b := &request.Body{Model: "chat-model", Kind: request.Completion, Prompt: "hello", Stream: stream}
+				d, err := gw.Decide(b, gateway.Meta{Header: http.Header{}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				a := gw.Dispatch(d, d.Endpoints[0])
+				clock = clock.Add(100 * time.Millisecond)
+				if !stream {
+					clock = clock.Add(4900 * time.Millisecond)
+				}
+				a.FirstByte()
+				a.Done(http.StatusOK, false)
+			}
+			_, p99, _ := gw.Pools()[0].TTFT(clock, time.Hour)
+			if p99 != tc.wantP99 {
+				t.Fatalf("p99 %v, want %v", p99, tc.wantP99)
+			}
+		})
+	}
+}

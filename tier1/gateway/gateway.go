@@ -664,7 +664,7 @@ func (a *Attempt) FirstByte() {
 	// The request's prompt has left the prefill backlog: the other
 	// replicas would otherwise count it until the request ends.
 	a.publishInFlight()
-	a.d.state.stats.observeTTFT(a.sent, ttft)
+	a.d.state.stats.observeTTFT(a.sent, ttft, a.d.Stream)
 	a.g.metrics.ttft.WithLabelValues(a.d.Model, a.d.Pool, streamLabel(a.d.Stream)).Observe(ttft.Seconds())
 }
 
@@ -745,7 +745,9 @@ type PoolView struct {
 }
 
 // TTFT returns the recent p50 and p99 time to first byte (zero without
-// samples) and the recent error rate, over the window ending at now.
+// samples) and the recent error rate, over the window ending at now. The
+// quantiles are the streamed requests' when the window has any, the
+// non-streamed answers' latency otherwise.
 func (v PoolView) TTFT(now time.Time, window time.Duration) (p50, p99 time.Duration, errRate float64) {
 	return v.stats.summary(now, window)
 }

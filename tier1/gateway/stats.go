@@ -20,8 +20,9 @@ type poolStats struct {
 }
 
 type sample struct {
-	at time.Time
-	d  time.Duration
+	at       time.Time
+	d        time.Duration
+	streamed bool // a first token; else a non-streamed answer's whole latency
 }
 
 type outcome struct {
@@ -31,9 +32,9 @@ type outcome struct {
 
 func newPoolStats() *poolStats { return &poolStats{} }
 
-func (s *poolStats) observeTTFT(at time.Time, d time.Duration) {
+func (s *poolStats) observeTTFT(at time.Time, d time.Duration, streamed bool) {
 	s.mu.Lock()
-	s.ttft[s.nTTFT%len(s.ttft)] = sample{at, d}
+	s.ttft[s.nTTFT%len(s.ttft)] = sample{at, d, streamed}
 	s.nTTFT++
 	s.mu.Unlock()
 }
@@ -68,16 +69,27 @@ func (s *poolStats) indexHitRatio() float64 {
 	return sum / float64(n)
 }
 
-// summary returns TTFT quantiles and the error rate over the window.
+// summary returns TTFT quantiles and the error rate over the window. The
+// quantiles are of the streamed requests' first tokens when the window has
+// any: a non-streamed answer's first byte is its last, and mixed in it
+// would make a pool whose callers stream less look slower. A pool with no
+// streamed requests gets its answers' latency instead.
 func (s *poolStats) summary(now time.Time, window time.Duration) (p50, p99 time.Duration, errRate float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	from := now.Add(-window)
-	var ds []time.Duration
+	var streamed, all []time.Duration
 	for _, x := range s.ttft[:min(s.nTTFT, len(s.ttft))] {
 		if x.at.After(from) {
-			ds = append(ds, x.d)
+			all = append(all, x.d)
+			if x.streamed {
+				streamed = append(streamed, x.d)
+			}
 		}
+	}
+	ds := all
+	if len(streamed) > 0 {
+		ds = streamed
 	}
 	if len(ds) > 0 {
 		slices.Sort(ds)
