@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -695,41 +694,9 @@ func TestChargedPromptEstimateWithoutUsage(t *testing.T) {
 func TestCallerHangsUpBeforeFirstByte(t *testing.T) {
 	pod := startSim(t)
 	d := newDoor(t, nil, pod.URL())
-	const text = "Tell me a long story about routers, please."
 	const maxTokens = 4000 // about 8 s of wall time at the pod's speed
-	body := `{"model":"chat-model","max_tokens":4000,"messages":[{"role":"user","content":"` + text + `"}]}`
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	sent := make(chan error, 1)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Authorization", d.token(t, "team", nil))
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			err = fmt.Errorf("the request was answered (%d: %.200s) before the caller hung up", resp.StatusCode, b)
-		}
-		sent <- err
-	}()
-	// Real sockets and the pod's wall clock: waited on observable states,
-	// each bounded at 30 s.
-	wait := func(what string, cond func(sim.Metrics) bool) sim.Metrics {
-		t.Helper()
-		wctx, stop := context.WithTimeout(t.Context(), 30*time.Second)
-		defer stop()
-		m, err := pod.WaitFor(wctx, cond)
-		if err != nil {
-			t.Fatalf("waiting for %s: %v (pod: %+v)", what, err, m)
-		}
-		return m
-	}
-	wait("the request to be generating", func(m sim.Metrics) bool { return m.Running == 1 && m.GenerationTokens > 0 })
-	cancel()
-	if err := <-sent; !errors.Is(err, context.Canceled) {
-		t.Fatalf("the caller's request ended with %v, want its own cancellation", err)
-	}
-	m := wait("the pod to be idle", func(m sim.Metrics) bool { return m.Running == 0 && m.Waiting == 0 })
+	body := `{"model":"chat-model","max_tokens":4000,"messages":[{"role":"user","content":"Tell me a long story about routers, please."}]}`
+	m := simtest.HangUp(t, pod, d.url+"/v1/chat/completions", http.Header{"Authorization": {d.token(t, "team", nil)}}, body)
 	<-d.handled
 	if m.GenerationTokens >= maxTokens/2 {
 		t.Fatalf("the pod generated %d of %d tokens for a caller that had hung up: the hang-up did not reach it", m.GenerationTokens, maxTokens)

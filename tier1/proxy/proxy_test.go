@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -412,40 +411,9 @@ func TestCallerHangsUpBeforeFirstByte(t *testing.T) {
 		TimeScale: 5, // 4000 tokens take about 8 s of wall time
 	}, 1)
 	p := newPlatformOf(t, "{queue: 2, kvCache: 2, prefix: 3}", 300*time.Millisecond, map[string][]*sim.LivePod{"chat": pods, "lora": nil})
-	pod := pods[0]
 	const maxTokens = 4000
 	body := `{"model":"chat-model","max_tokens":4000,"messages":[{"role":"user","content":"Tell me a long story."}]}`
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	sent := make(chan error, 1)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.srv.URL+"/v1/chat/completions", strings.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			err = fmt.Errorf("the request was answered (%d: %.200s) before the caller hung up", resp.StatusCode, b)
-		}
-		sent <- err
-	}()
-	// Real sockets and the pod's wall clock: waited on observable states,
-	// each bounded at 30 s.
-	wait := func(what string, cond func(sim.Metrics) bool) sim.Metrics {
-		t.Helper()
-		wctx, stop := context.WithTimeout(t.Context(), 30*time.Second)
-		defer stop()
-		m, err := pod.WaitFor(wctx, cond)
-		if err != nil {
-			t.Fatalf("waiting for %s: %v (pod: %+v)", what, err, m)
-		}
-		return m
-	}
-	wait("the request to be generating", func(m sim.Metrics) bool { return m.Running == 1 && m.GenerationTokens > 0 })
-	cancel()
-	if err := <-sent; !errors.Is(err, context.Canceled) {
-		t.Fatalf("the caller's request ended with %v, want its own cancellation", err)
-	}
-	m := wait("the pod to be idle", func(m sim.Metrics) bool { return m.Running == 0 && m.Waiting == 0 })
+	m := simtest.HangUp(t, pods[0], p.srv.URL+"/v1/chat/completions", nil, body)
 	if m.GenerationTokens >= maxTokens/2 {
 		t.Fatalf("the pod generated %d of %d tokens for a caller that had hung up: the hang-up did not reach it", m.GenerationTokens, maxTokens)
 	}
