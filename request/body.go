@@ -178,7 +178,10 @@ func ReadSized(r io.Reader, size, maxBytes int64) (*Body, []byte, error) {
 
 // Parse reads a body of at most maxBytes bytes (DefaultMaxBytes when
 // maxBytes ≤ 0).
-func Parse(data []byte, maxBytes int64) (*Body, error) {
+func Parse(data []byte, maxBytes int64) (*Body, error) { return parse(data, maxBytes, nil) }
+
+// parse is Parse, taking the strings pre decoded ahead (nil: none).
+func parse(data []byte, maxBytes int64, pre *Prescan) (*Body, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxBytes
 	}
@@ -190,7 +193,7 @@ func Parse(data []byte, maxBytes int64) (*Body, error) {
 	// reused.
 	pb := new(parsedBody)
 	arena := getArena(len(data))
-	p := parser{s: scanner{b: data}, out: &pb.Body, msgs: pb.msgs[:0], arena: (*arena)[:0]}
+	p := parser{s: scanner{b: data, pre: pre}, out: &pb.Body, msgs: pb.msgs[:0], arena: (*arena)[:0]}
 	if err := p.body(); err != nil {
 		return nil, err
 	}
@@ -438,6 +441,15 @@ func (p *parser) string() (string, error) {
 	v, decoded, err := p.s.scanString(p.arena, true)
 	if err != nil {
 		return "", err
+	}
+	if p.s.taken {
+		// Decoded as the body arrived: the string shares the Prescan's
+		// buffer, as ParseScanned says, rather than being copied.
+		p.s.taken = false
+		if len(v) == 0 {
+			return "", nil
+		}
+		return unsafe.String(&v[0], len(v)), nil
 	}
 	if decoded {
 		p.arena = v

@@ -34,7 +34,11 @@ type scanner struct {
 	b     []byte
 	i     int
 	depth int
-	keys  []byte // scratch for keys with escapes (rare)
+	keys  []byte   // scratch for keys with escapes (rare)
+	pre   *Prescan // strings decoded ahead, or nil
+	// taken: the last string scanned is pre's (its bytes are pre's
+	// buffer, which outlives the scan).
+	taken bool
 }
 
 func (s *scanner) errorf(format string, args ...any) error {
@@ -283,6 +287,15 @@ func (s *scanner) scanString(dst []byte, decode bool) (v []byte, decoded bool, e
 		return nil, false, err
 	}
 	start := s.i
+	if s.pre != nil {
+		s.taken = false
+		// Decoded as the body arrived: the value is pre's, as it would be
+		// the input's had the string been plain.
+		if v, end, ok := s.pre.take(start - 1); ok {
+			s.i, s.taken = end+1, true
+			return v, false, nil
+		}
+	}
 	// A decoded string is never longer than its JSON text but where
 	// invalid UTF-8 becomes U+FFFD; when dst has room for the rest of the
 	// input (the parser's arena always has), decode as it scans, without
@@ -313,20 +326,51 @@ func plainMask(x uint64) uint64 {
 }
 
 // decodeInto is scanString's decoding when dst has room for the input from
-// the cursor on. It copies eight bytes at a time to dst as it scans them
-// (the bytes past the end of a plain run are overwritten by what follows,
-// or lie past the result), so that plain text costs one load, one store
-// and the test of plainMask per eight bytes, with no call per run.
+// the cursor on (decodeRun); what decodeRun leaves, decodeString finishes
+// or reports.
 func (s *scanner) decodeInto(dst []byte) (v []byte, decoded bool, err error) {
-	b := s.b
 	out := dst[:cap(dst)]
-	n := len(dst)
-	i := s.i
+	i, n, stop := decodeRun(s.b, s.i, out, len(dst))
+	s.i = i
+	switch stop {
+	case stopQuote:
+		s.i++
+		return out[:n], true, nil
+	case stopEnd:
+		return nil, false, s.errorf("unterminated string")
+	case stopControl:
+		return nil, false, s.errorf("control character 0x%02x in string", s.b[i])
+	}
+	return s.decodeString(out[:n], true)
+}
+
+// Where decodeRun stopped.
+type decodeStop uint8
+
+const (
+	stopQuote   decodeStop = iota // at the closing quote
+	stopEnd                       // at the end of the input, the string open
+	stopControl                   // at a control character (an error)
+	// stopSlow: at what decodeString handles (a surrogate escape, an
+	// invalid escape, a backslash or UTF-8 sequence cut by the end of the
+	// input, invalid UTF-8, which decodes longer than it is).
+	stopSlow
+)
+
+// decodeRun decodes the string text b[i:] into out from out[n:] until
+// the closing quote or anything it leaves to decodeString, and returns
+// where it stopped in b and the end of what it wrote. out must have room
+// for b[i:] from n on (a decoded run is never longer than its JSON). It
+// copies eight bytes at a time to out as it scans them (the bytes past the
+// end of a plain run are overwritten by what follows, or lie past the
+// result), so that plain text costs one load, one store and the test of
+// plainMask per eight bytes, with no call per run.
+func decodeRun(b []byte, i int, out []byte, n int) (int, int, decodeStop) {
 	for {
-		// Here n − len(dst) ≤ i − start, so out has room for b[i:]: the
-		// second test only lets the compiler drop the bounds checks.
-		// The loop walks src and to (b[i:] and out[n:]) so that the
-		// compiler sees their lengths and drops the bounds checks.
+		// Here out has room for b[i:] from n on: the second test only lets
+		// the compiler drop the bounds checks. The loop walks src and to
+		// (b[i:] and out[n:]) so that the compiler sees their lengths and
+		// drops the bounds checks.
 		if src, to := b[i:], out[n:]; len(src) >= 16 && len(to) >= 16 {
 			for len(src) >= 16 && len(to) >= 16 {
 				x, y := binary.LittleEndian.Uint64(src), binary.LittleEndian.Uint64(src[8:])
@@ -364,14 +408,12 @@ func (s *scanner) decodeInto(dst []byte) (v []byte, decoded bool, err error) {
 		}
 	special:
 		if i >= len(b) {
-			s.i = i
-			return nil, false, s.errorf("unterminated string")
+			return i, n, stopEnd
 		}
 		c := b[i]
 		switch {
 		case c == '"':
-			s.i = i + 1
-			return out[:n], true, nil
+			return i, n, stopQuote
 		case c == '\\' && i+1 < len(b):
 			e := b[i+1]
 			if d := unescaped[e]; d != 0 {
@@ -385,8 +427,7 @@ func (s *scanner) decodeInto(dst []byte) (v []byte, decoded bool, err error) {
 				r, ok = hex4(b[i+2 : i+6])
 			}
 			if !ok || utf16.IsSurrogate(r) {
-				s.i = i
-				return s.decodeString(out[:n], true) // pairs and errors
+				return i, n, stopSlow // pairs and errors
 			}
 			// UTF-8 of a rune below 0x10000 that is not a surrogate, in
 			// place: the six bytes of the escape leave room for it.
@@ -403,16 +444,13 @@ func (s *scanner) decodeInto(dst []byte) (v []byte, decoded bool, err error) {
 			}
 			i += 6
 		case c < 0x20:
-			s.i = i
-			return nil, false, s.errorf("control character 0x%02x in string", c)
+			return i, n, stopControl
 		case c < utf8.RuneSelf: // a lone backslash at the end
-			s.i = i
-			return s.decodeString(out[:n], true)
+			return i, n, stopSlow
 		default:
 			r, size := utf8.DecodeRune(b[i:])
 			if r == utf8.RuneError && size == 1 {
-				s.i = i
-				return s.decodeString(out[:n], true) // U+FFFD is longer
+				return i, n, stopSlow // U+FFFD is longer
 			}
 			n += copy(out[n:], b[i:i+size])
 			i += size

@@ -170,6 +170,9 @@ type call struct {
 	header  map[string]string
 	body    []byte
 	chunk   int // Envoy's body chunk size; zero: 16 KiB
+	// pace is the time between body chunks: the caller's upload arriving
+	// at network speed rather than all at once. Zero: none.
+	pace time.Duration
 	subset  []string
 	hasHint bool // send the subset hint (possibly empty)
 }
@@ -264,6 +267,9 @@ func (p *platform) request(tb testing.TB, ctx context.Context, c call) *picked {
 		if len(data) == 0 {
 			last = time.Now()
 			break
+		}
+		if c.pace > 0 {
+			time.Sleep(c.pace)
 		}
 	}
 	r := p.recvT(tb, st)

@@ -104,6 +104,7 @@ type Server struct {
 
 	once      sync.Once
 	bufs      sync.Pool // *[]byte body buffers
+	prescans  sync.Pool // *request.Prescan
 	active    atomic.Int64
 	health    *health.Server
 	streams   prometheus.Gauge
@@ -119,6 +120,7 @@ func (s *Server) init() {
 			s.BodyMode = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 		}
 		s.bufs.New = func() any { b := make([]byte, 0, 64<<10); return &b }
+		s.prescans.New = func() any { return new(request.Prescan) }
 		s.streams = prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_tier1_extproc_streams",
 			Help: "ext_proc streams open (one per HTTP request Envoy is processing)."})
 		s.immediate = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier1_extproc_immediate_responses_total",
@@ -282,10 +284,13 @@ type flow struct {
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	sawConfig         bool
 
-	header  http.Header
-	subset  []string
-	body    *[]byte // pooled; nil until the first chunk
-	decided bool    // the destination was sent
+	header http.Header
+	subset []string
+	body   *[]byte // pooled; nil until the first chunk
+	// pre decodes the body's long strings as its chunks arrive (pooled;
+	// nil until a body comes in more than one chunk).
+	pre     *request.Prescan
+	decided bool // the destination was sent
 
 	d    *gateway.Decision
 	att  *gateway.Attempt
@@ -365,8 +370,19 @@ func (f *flow) requestBody(b *extprocv3.HttpBody) error {
 			Code: "body_too_large", Message: fmt.Sprintf("request body too large: more than %d bytes", limit)})
 	}
 	*f.body = append(*f.body, b.GetBody()...)
-	if !b.GetEndOfStream() && f.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return nil
+	if f.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		// A body in chunks (a long prompt) is decoded as it arrives, so
+		// that what is left after its last chunk is that chunk's share.
+		if f.pre == nil && !b.GetEndOfStream() {
+			f.pre = f.s.prescans.Get().(*request.Prescan)
+			f.pre.Reset()
+		}
+		if f.pre != nil {
+			f.pre.Feed(*f.body)
+		}
+		if !b.GetEndOfStream() {
+			return nil
+		}
 	}
 	// BUFFERED modes send the whole (or, partial, the buffered) body in
 	// one message and wait for this answer.
@@ -381,7 +397,7 @@ func (f *flow) route(eos bool) error {
 	if f.body != nil {
 		raw = *f.body
 	}
-	body, err := request.Parse(raw, f.s.MaxBodyBytes)
+	body, err := request.ParseScanned(raw, f.s.MaxBodyBytes, f.pre)
 	if err != nil {
 		f.s.Gateway.Reject("bad_request")
 		return f.immediate(request.BodyError(err))
@@ -574,6 +590,12 @@ func (f *flow) finish() {
 			f.s.bufs.Put(f.body)
 		}
 		f.body = nil
+	}
+	if f.pre != nil {
+		if f.pre.Size() <= 1<<20 {
+			f.s.prescans.Put(f.pre)
+		}
+		f.pre = nil
 	}
 }
 
