@@ -165,14 +165,14 @@ func (p *platform) inPool(pool, addr string) bool {
 
 // call is one HTTP request as Envoy's ext_proc filter presents it.
 type call struct {
-	mode    filterv3.ProcessingMode_BodySendMode // zero: FULL_DUPLEX_STREAMED
-	path    string                               // zero: /v1/chat/completions
-	header  map[string]string
-	body    []byte
-	chunk   int // Envoy's body chunk size; zero: 16 KiB
+	mode   filterv3.ProcessingMode_BodySendMode // zero: FULL_DUPLEX_STREAMED
+	path   string                               // zero: /v1/chat/completions
+	header map[string]string
+	body   []byte
+	chunk  int // Envoy's body chunk size; zero: 16 KiB
 	// pace is the time between body chunks: the caller's upload arriving
 	// at network speed rather than all at once. Zero: none.
-	pace time.Duration
+	pace    time.Duration
 	subset  []string
 	hasHint bool // send the subset hint (possibly empty)
 }
