@@ -577,3 +577,29 @@ func ttftObserved(t *testing.T, reg *prometheus.Registry) (uint64, float64) {
 	}
 	return n, sum
 }
+
+// A body in chunks is decoded as they arrive (request.Prescan), and is
+// judged as the same body in one piece: a bad escape or a control
+// character in a long prompt, cut across chunks, is a 400 with the same
+// message.
+func TestChunkedBodyJudgedWhole(t *testing.T) {
+	p := newPlatform(t, nil, 200)
+	long := strings.Repeat(`Clause 14.2 applies.\n`, 200)
+	for _, body := range []string{
+		`{"model":"chat-model","messages":[{"role":"user","content":"` + long + `\q` + long + `"}]}`,
+		"{\"model\":\"chat-model\",\"messages\":[{\"role\":\"user\",\"content\":\"" + long + "\x01" + long + "\"}]}",
+		`{"model":"chat-model","messages":[{"role":"user","content":"` + long + `"}]`,
+	} {
+		whole := p.request(t, t.Context(), call{body: []byte(body)})
+		chunked := p.request(t, t.Context(), call{body: []byte(body), chunk: 97})
+		if whole.immediate == nil || chunked.immediate == nil {
+			t.Fatalf("a malformed body was routed (whole %v, chunked %v)", whole.immediate, chunked.immediate)
+		}
+		if w, c := whole.immediate.GetStatus().GetCode(), chunked.immediate.GetStatus().GetCode(); w != 400 || c != w {
+			t.Fatalf("status whole %d, chunked %d; want 400 both", w, c)
+		}
+		if w, c := string(whole.immediate.GetBody()), string(chunked.immediate.GetBody()); w != c {
+			t.Fatalf("chunked answered %s, whole %s", c, w)
+		}
+	}
+}
