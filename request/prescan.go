@@ -62,9 +62,10 @@ func (p *Prescan) Feed(data []byte) {
 		case p.slow:
 			p.skipSlow(data)
 		default:
-			// decodeRun needs room in out for the rest of data.
+			// decodeRun needs room in out for the rest of data. (Doubling:
+			// out stays within twice the body's length.)
 			if need := len(data) - p.pos; cap(p.out)-len(p.out) < need {
-				grown := make([]byte, len(p.out), 2*cap(p.out)+need)
+				grown := make([]byte, len(p.out), max(2*cap(p.out), len(p.out)+need))
 				copy(grown, p.out)
 				p.out = grown
 			}

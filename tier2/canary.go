@@ -265,8 +265,10 @@ func (c *Canary) round(ctx context.Context) time.Duration {
 				}
 			}
 		}
-		canaryStats := c.stats(ro.Canary, clusters[0], cs, base.canary)
-		stableStats := c.stats(ro.Stable, clusters[1], ss, base.stable)
+		// Like with like: both sides' streamed answers when both had some.
+		streamed := cs.streamed.count > base.canary.streamed.count && ss.streamed.count > base.stable.streamed.count
+		canaryStats := c.stats(ro.Canary, clusters[0], cs, base.canary, streamed)
+		stableStats := c.stats(ro.Stable, clusters[1], ss, base.stable, streamed)
 		live := rollout.Live{Rewrite: name, Model: public, Instance: c.cfg.Instance, Region: c.cfg.Region,
 			At: now.UTC().Format(time.RFC3339), Canary: side(ro.Canary, canaryStats), Stable: side(ro.Stable, stableStats),
 			Cohort: c.cohort(name, mr, rule, tr)}
@@ -456,17 +458,20 @@ func (tr *tracked) baseline(now time.Time, window time.Duration) sample {
 }
 
 // stats turns local counters (now minus base) and the target's digests into
-// one side's analysis statistics.
-func (c *Canary) stats(target string, clusters []string, now, base counts) rewrite.Stats {
+// one side's analysis statistics; streamed says to take the local P99 TTFT
+// of streamed answers only.
+func (c *Canary) stats(target string, clusters []string, now, base counts, streamed bool) rewrite.Stats {
 	s := rewrite.Stats{
 		Requests:  int64(now.requests - base.requests),
 		Errors:    int64(now.errors - base.errors),
 		Throttled: int64(now.throttled - base.throttled),
 	}
-	// Streamed answers' first tokens when the window has any: a
-	// non-streamed answer's first byte is its last, so mixing them in
-	// would make the side whose callers stream less look slower.
-	if s.TTFTP99 = now.streamed.p99(base.streamed); s.TTFTP99 == 0 {
+	// A non-streamed answer's first byte is its last: mixed in with
+	// first tokens it would make the side whose callers stream less look
+	// slower.
+	if streamed {
+		s.TTFTP99 = now.streamed.p99(base.streamed)
+	} else {
 		s.TTFTP99 = now.ttft.p99(base.ttft)
 	}
 	var errRate float64

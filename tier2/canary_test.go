@@ -169,6 +169,13 @@ func TestCanaryAnalysis(t *testing.T) {
 			healthy(rig, i)
 			rig.serveWhole(i, "chat-v2", 10, 5*time.Second)
 		}, nil, 11 * time.Second, rewrite.StatusProgressing, 1, "within limits"},
+		// Like with like: when one side had no streamed answers, both are
+		// compared on every answer.
+		{"slow whole answers abort when the stable side has no streams", func(rig *canaryRig, i int) {
+			rig.serveWhole(i, "chat-v1", 50, 300*time.Millisecond)
+			rig.serve(i, "chat-v2", 50, "200", 100*time.Millisecond)
+			rig.serveWhole(i, "chat-v2", 10, 5*time.Second)
+		}, nil, time.Second, rewrite.StatusDegraded, 0, "P99 TTFT"},
 		{"a slow canary whose callers never stream aborts", func(rig *canaryRig, i int) {
 			rig.serveWhole(i, "chat-v1", 50, 100*time.Millisecond)
 			rig.serveWhole(i, "chat-v2", 50, 2*time.Second)
