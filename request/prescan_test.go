@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // prescanBodies are bodies whose strings take every path of the prescan:
@@ -128,4 +130,27 @@ func FuzzPrescan(f *testing.F) {
 		got, err, _ := fed(data, cuts, -1)
 		parsedEqual(t, fmt.Sprintf("cuts %v", cuts), got, err, want, wantErr)
 	})
+}
+
+// A reused Prescan decodes a long prompt's chunks and ParseScanned takes
+// them without allocating beyond Parse's one (the Body): the picker feeds
+// every chunk of every long body through one.
+func TestPrescanAllocs(t *testing.T) {
+	data := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat(`Clause 14.2 applies.\n`, 10000) + `"}]}`)
+	pre := new(Prescan)
+	allocs := testkit.AllocsPerRun(20, func() {
+		pre.Reset()
+		for c := 16 << 10; c < len(data); c += 16 << 10 {
+			pre.Feed(data[:c])
+		}
+		pre.Feed(data)
+		b, err := ParseScanned(data, 0, pre)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Release()
+	})
+	if allocs > 1 {
+		t.Fatalf("Feed and ParseScanned: %v allocations, want 1 (the Body; the buffers are reused)", allocs)
+	}
 }
