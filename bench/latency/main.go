@@ -8,6 +8,9 @@
 // and each path's added latency over calling the pods directly in the same
 // run. The goproxy path is the plainest net/http reverse proxy (floor.go):
 // what any front door on Go's HTTP server costs here, before its own work.
+// The fastfloor and gnetfloor paths are the same floor on fasthttp and on
+// gnet's event loops (bench/fastfloor, bench/gnetfloor: modules of their
+// own, built separately and passed by path).
 //
 //	go build -o /tmp/meridian ./cmd/meridian
 //	go run ./bench/latency --meridian /tmp/meridian --runs 5 --duration 8s
@@ -44,6 +47,7 @@ var (
 	tier1Bin    = flag.String("tier1-meridian", "", "meridian binary for the simulated pods and the shared Tier-1 (default: --meridian); set it to compare two Tier-2 builds in front of the same Tier-1")
 	nginxBin    = flag.String("nginx", "/usr/sbin/nginx", "path to nginx (skipped when absent)")
 	fastfloor   = flag.String("fastfloor", "", "path to a built bench/fastfloor binary, for the fastfloor path (the goproxy floor on fasthttp)")
+	gnetfloor   = flag.String("gnetfloor", "", "path to a built bench/gnetfloor binary, for the gnetfloor path (an event-loop floor on gnet that passes bytes through)")
 	concurrency = flag.Int("concurrency", 64, "concurrent streams")
 	duration    = flag.Duration("duration", 8*time.Second, "load per path per run")
 	runs        = flag.Int("runs", 5, "runs (medians are over runs)")
@@ -128,6 +132,13 @@ func main() {
 		pids["fastfloor"] = procs[len(procs)-1].Process.Pid
 		waitHTTP("http://" + ff + "/healthz")
 		targets["fastfloor"] = "http://" + ff
+	}
+	if *gnetfloor != "" && strings.Contains(*paths, "gnetfloor") {
+		gf := freeAddr()
+		start(*gnetfloor, "--listen", gf, "--upstream", t1)
+		pids["gnetfloor"] = procs[len(procs)-1].Process.Pid
+		waitHTTP("http://" + gf + "/healthz")
+		targets["gnetfloor"] = "http://" + gf
 	}
 	order := strings.Split(*paths, ",")
 	results := map[string][]result{}
