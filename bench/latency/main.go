@@ -126,19 +126,16 @@ func main() {
 		waitHTTP("http://" + gp + "/healthz")
 		targets["goproxy"] = "http://" + gp
 	}
-	if *fastfloor != "" && strings.Contains(*paths, "fastfloor") {
-		ff := freeAddr()
-		start(*fastfloor, "--listen", ff, "--upstream", t1)
-		pids["fastfloor"] = procs[len(procs)-1].Process.Pid
-		waitHTTP("http://" + ff + "/healthz")
-		targets["fastfloor"] = "http://" + ff
-	}
-	if *gnetfloor != "" && strings.Contains(*paths, "gnetfloor") {
-		gf := freeAddr()
-		start(*gnetfloor, "--listen", gf, "--upstream", t1)
-		pids["gnetfloor"] = procs[len(procs)-1].Process.Pid
-		waitHTTP("http://" + gf + "/healthz")
-		targets["gnetfloor"] = "http://" + gf
+	// The floors built as binaries of their own: path name → binary.
+	for name, bin := range map[string]string{"fastfloor": *fastfloor, "gnetfloor": *gnetfloor} {
+		if bin == "" || !strings.Contains(*paths, name) {
+			continue
+		}
+		addr := freeAddr()
+		start(bin, "--listen", addr, "--upstream", t1)
+		pids[name] = procs[len(procs)-1].Process.Pid
+		waitHTTP("http://" + addr + "/healthz")
+		targets[name] = "http://" + addr
 	}
 	order := strings.Split(*paths, ",")
 	results := map[string][]result{}
