@@ -20,6 +20,7 @@ import (
 	"log"
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 )
@@ -55,11 +56,32 @@ func (f *floor) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	}
 	p := &pair{client: c}
 	c.SetContext(p)
-	if _, err := c.EventLoop().Register(gnet.NewContext(context.Background(), p), f.upstream); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	done, err := c.EventLoop().Register(gnet.NewContext(ctx, p), f.upstream)
+	if err != nil {
+		cancel()
 		return nil, gnet.Close
 	}
+	go func() { // a failed or slow dial ends the caller's connection
+		defer cancel()
+		select {
+		case r := <-done:
+			if r.Err != nil {
+				c.Close()
+			}
+		case <-ctx.Done():
+			c.Close()
+		}
+	}()
 	return nil, gnet.None
 }
+
+const (
+	dialTimeout = 5 * time.Second
+	// maxPending bounds what a caller may send before its upstream
+	// connection is up.
+	maxPending = 16 << 20
+)
 
 func (f *floor) OnClose(c gnet.Conn, _ error) gnet.Action {
 	p, ok := c.Context().(*pair)
@@ -113,9 +135,12 @@ func (f *floor) OnTraffic(c gnet.Conn) gnet.Action {
 // send passes a request's bytes upstream, or holds them until the upstream
 // connection is up.
 func (p *pair) send(b []byte) {
-	if p.up != nil {
+	switch {
+	case p.up != nil:
 		p.up.Write(b)
-	} else {
+	case len(p.pending)+len(b) > maxPending:
+		p.client.Close()
+	default:
 		p.pending = append(p.pending, b...)
 	}
 }
