@@ -116,6 +116,17 @@ func (a *Admission) gate(model string) *priority.Gate {
 // together but one of its clusters is not, it is admitted at once and
 // cluster choice (which ranks by load) sends it there.
 func (a *Admission) Admit(ctx context.Context, model string, r priority.Request) (t *priority.Ticket, spill bool, err error) {
+	t, spill, err, _ = a.admit(ctx, model, r, false)
+	return t, spill, err
+}
+
+// TryAdmit is Admit when it decides at once (ok); when the request would
+// wait it is not queued, and ok is false.
+func (a *Admission) TryAdmit(model string, r priority.Request) (t *priority.Ticket, spill bool, err error, ok bool) {
+	return a.admit(context.Background(), model, r, true)
+}
+
+func (a *Admission) admit(ctx context.Context, model string, r priority.Request, try bool) (t *priority.Ticket, spill bool, err error, ok bool) {
 	g := a.gate(model)
 	if r.Band != priority.Sheddable {
 		limit := a.limit(r.Band)
@@ -126,15 +137,21 @@ func (a *Admission) Admit(ctx context.Context, model string, r priority.Request)
 				// for it after all, and tells it to spill otherwise.
 				r.MaySpill = true
 			case r.Band == priority.Critical && a.localClusterHasHeadroom(model):
-				return &priority.Ticket{Band: r.Band}, false, nil
+				return &priority.Ticket{Band: r.Band}, false, nil, true
 			}
 		}
 	}
-	t, err = g.Admit(ctx, r)
-	if errors.Is(err, priority.ErrSpill) {
-		return &priority.Ticket{Band: r.Band}, true, nil
+	if try {
+		if t, err, ok = g.TryAdmit(r); !ok {
+			return nil, false, nil, false
+		}
+	} else {
+		t, err = g.Admit(ctx, r)
 	}
-	return t, false, err
+	if errors.Is(err, priority.ErrSpill) {
+		return &priority.Ticket{Band: r.Band}, true, nil, true
+	}
+	return t, false, err, true
 }
 
 // saturation combines the digests of model's pools: in region when local,

@@ -114,6 +114,20 @@ func (a *Authenticator) cached(token string) (*Caller, bool) {
 	return &c, true
 }
 
+// cachedAuthorization is Authenticate's answer for an Authorization value
+// whose token is in the cache, and false otherwise: what the event loop
+// may decide without a key lookup that could wait on the network.
+func (a *Authenticator) cachedAuthorization(authorization string) (*Caller, bool) {
+	scheme, token, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return nil, false
+	}
+	if token = strings.TrimSpace(token); token == "" {
+		return nil, false
+	}
+	return a.cached(token)
+}
+
 func (a *Authenticator) remember(token string, c *Caller, exp time.Time) {
 	if a.CacheTTL <= 0 {
 		return

@@ -69,18 +69,52 @@ var (
 // byte, stream back with the public model name, account.
 func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Request) {
 	var buf [8]regions.Target
-	targets := r.cfg.Fleet.Select(buf[:0], regions.Request{Model: c.resolved.Target, PrefixHash: r.prefixHash(c), Clusters: c.resolved.Clusters})
+	targets, body, e := r.prepare(st, c, buf[:0])
+	if e != nil {
+		r.reject(st, c, e, w)
+		return
+	}
+	budget := r.cfg.Fleet.Retries()
+	budget.Request()
+	var last *attemptErr
+	for i, t := range targets {
+		if i > 0 && !r.retry(budget, last) {
+			break
+		}
+		resp, cancel, aerr := r.send(req.Context(), t, req, &body, c)
+		if aerr != nil {
+			r.cfg.Fleet.End(t, aerr.result)
+			last = aerr
+			if req.Context().Err() != nil || errors.Is(aerr.cause, errShutdown) {
+				r.settle(c, 0)
+				return // the caller went away, or Tier-2 is stopping
+			}
+			r.log.Warn("tier2: cluster failed before responding; failing over", "cluster", t.Cluster, "region", t.Region, "reason", aerr.reason)
+			continue
+		}
+		r.served(c, targets[0], t)
+		code := r.relay(w, resp, c, cancel)
+		cancel(nil)
+		r.finished(st, c, t, code)
+		return
+	}
+	r.exhausted(st, c, last).Write(w)
+}
+
+// prepare is what forward does before the first attempt: the clusters to
+// try, in order, and the body to send them. On error the request has been
+// refunded and the error is for reject.
+func (r *Router) prepare(st *state, c *call, buf []regions.Target) ([]regions.Target, sendBody, *request.APIError) {
+	targets := r.cfg.Fleet.Select(buf, regions.Request{Model: c.resolved.Target, PrefixHash: r.prefixHash(c), Clusters: c.resolved.Clusters})
 	// The prompt has been estimated, charged and hashed: only the raw body
 	// and the model are read from here on.
 	c.body.Release()
 	if c.spill {
 		targets = preferOtherRegions(targets, r.cfg.Region)
 	}
-	tenant := st.tenantLabel(c.caller.Tenant)
 	if len(targets) == 0 {
 		r.refund(c)
-		r.reject(st, c, request.Unavailable("no_cluster", fmt.Sprintf("no healthy cluster serves model %q", c.resolved.Target)), w)
-		return
+		return nil, sendBody{}, request.Unavailable("no_cluster", fmt.Sprintf("no healthy cluster serves model %q", c.resolved.Target))
 	}
 	body := bodyOf(c.raw)
 	// Every stream asks upstream for usage (vLLM's per-chunk
@@ -97,45 +131,43 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 		var err error
 		if body, err = rewriteBody(c.raw, c.body.Model, c.resolved.Target, c.hideUsage || c.hideContinuous, c.params.StreamOptions); err != nil {
 			r.refund(c)
-			r.reject(st, c, request.BadRequest("bad_request", err.Error()), w)
-			return
+			return nil, sendBody{}, request.BadRequest("bad_request", err.Error())
 		}
 	}
-	budget := r.cfg.Fleet.Retries()
-	budget.Request()
-	var last *attemptErr
-	for i, t := range targets {
-		if i > 0 {
-			if !budget.Retry() {
-				r.m.budgetExhausted.Inc()
-				break
-			}
-			r.m.retries.WithLabelValues(last.reason).Inc()
-		}
-		resp, cancel, aerr := r.send(req.Context(), t, req, &body, c)
-		if aerr != nil {
-			r.cfg.Fleet.End(t, aerr.result)
-			last = aerr
-			if req.Context().Err() != nil || errors.Is(aerr.cause, errShutdown) {
-				r.settle(c, 0)
-				return // the caller went away, or Tier-2 is stopping
-			}
-			r.log.Warn("tier2: cluster failed before responding; failing over", "cluster", t.Cluster, "region", t.Region, "reason", aerr.reason)
-			continue
-		}
-		if t.Region != targets[0].Region {
-			r.m.failovers.WithLabelValues(targets[0].Region, t.Region).Inc()
-		}
-		c.served = t
-		code := r.relay(w, resp, c, cancel)
-		cancel(nil)
-		r.cfg.Fleet.End(t, regions.Success)
-		r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), t.Region, t.Cluster, statusLabel(code)).Inc()
-		return
+	return targets, body, nil
+}
+
+// retry decides whether another cluster may be tried after last failed,
+// and counts it.
+func (r *Router) retry(budget *regions.RetryBudget, last *attemptErr) bool {
+	if !budget.Retry() {
+		r.m.budgetExhausted.Inc()
+		return false
 	}
-	// Nothing was served: the tokens go back. The request stays charged:
-	// the clusters were tried, and the requests limit is what bounds a
-	// caller flooding clusters that fail.
+	r.m.retries.WithLabelValues(last.reason).Inc()
+	return true
+}
+
+// served records that cluster t answered the request (first was the first
+// choice).
+func (r *Router) served(c *call, first, t regions.Target) {
+	if t.Region != first.Region {
+		r.m.failovers.WithLabelValues(first.Region, t.Region).Inc()
+	}
+	c.served = t
+}
+
+// finished counts a relayed response.
+func (r *Router) finished(st *state, c *call, t regions.Target, code int) {
+	r.cfg.Fleet.End(t, regions.Success)
+	r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), t.Region, t.Cluster, statusLabel(code)).Inc()
+}
+
+// exhausted is the answer when no cluster served the request (last: the
+// last attempt's failure), counted. The tokens go back; the request stays
+// charged: the clusters were tried, and the requests limit is what bounds
+// a caller flooding clusters that fail.
+func (r *Router) exhausted(st *state, c *call, last *attemptErr) *request.APIError {
 	r.refundTokens(c)
 	e := request.Unavailable("upstream_unavailable", fmt.Sprintf("every cluster serving %q failed before responding", c.resolved.Target))
 	switch {
@@ -145,9 +177,9 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 		e = &request.APIError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
 			Message: fmt.Sprintf("no cluster serving %q answered within %s", c.resolved.Target, r.headerTimeout(c))}
 	}
-	r.m.rejected.WithLabelValues(tenant, c.band.String(), e.Code).Inc()
+	r.m.rejected.WithLabelValues(st.tenantLabel(c.caller.Tenant), c.band.String(), e.Code).Inc()
 	r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), "", "", fmt.Sprint(e.Status)).Inc()
-	e.Write(w)
+	return e
 }
 
 // headerTimeout is how long an attempt waits for response headers. A
@@ -193,11 +225,9 @@ func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, b
 		out.GetBody = func() (io.ReadCloser, error) { return body.reader(), nil }
 	}
 	for k, vs := range in.Header {
-		switch k {
-		case "Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", insecureCriticality:
-			continue // the credential (and the claim it replaces) stops here
+		if passedOn(k) {
+			out.Header[k] = vs
 		}
-		out.Header[k] = vs
 	}
 	// Set as Header.Set does (the keys are canonical), with one array
 	// for the values.
@@ -247,6 +277,16 @@ func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, b
 	return resp, done, nil
 }
 
+// passedOn says whether a caller's request header goes on to Tier-1: not
+// the credential (nor the claim it replaces), nor the hop-by-hop headers.
+func passedOn(k string) bool {
+	switch k {
+	case "Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", insecureCriticality:
+		return false
+	}
+	return true
+}
+
 // hiddenResponseHeaders name upstream response headers callers do not see
 // (pod addresses) unless Config.ExposeUpstream.
 var hiddenResponseHeaders = []string{"X-Gateway-Destination-Endpoint-Served", "X-Gateway-Destination-Endpoint"}
@@ -286,7 +326,7 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	rename := c.resolved.Target != c.resolved.Public
 	var from, to []byte
 	if rename {
-		from, to = []byte(`"model":"`+c.resolved.Target+`"`), []byte(`"model":"`+c.resolved.Public+`"`)
+		from, to = renamePair(c)
 	}
 	idle := &c.watch
 	idle.streaming(r.cfg.StreamIdleTimeout)
@@ -313,7 +353,7 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	br.Reset(rr)
 	defer func() { br.Reset(nil); rr.src = nil; r.readers.Put(rr) }()
 	var acct streamAccount
-	skipBlank := false
+	filter := newEventFilter(c)
 	// pending: bytes written since the last flush. They are flushed
 	// before any read that would wait on the network (nothing complete is
 	// buffered), not after every event: events that arrived together
@@ -343,18 +383,9 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 		}
 		if len(line) > 0 {
 			markFirst("true")
-			drop := false
 			var ev streamEvent
-			if bytes.HasPrefix(line, []byte("data: {")) {
-				if rename {
-					line = bytes.Replace(line, from, to, 1)
-				}
-				line, ev = acct.read(line, c.hideUsage, c.hideContinuous)
-				drop = ev.drop
-				skipBlank = drop
-			} else if skipBlank && len(bytes.TrimSpace(line)) == 0 {
-				drop, skipBlank = true, false
-			}
+			var drop bool
+			line, ev, drop = filter.line(&acct, line)
 			if drop {
 				acct.commit(ev)
 			} else {
@@ -397,6 +428,49 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 			return resp.StatusCode
 		}
 	}
+}
+
+// renamePair is what relay replaces in a response: the target model's
+// name by the public one the caller asked for.
+func renamePair(c *call) (from, to []byte) {
+	return []byte(`"model":"` + c.resolved.Target + `"`), []byte(`"model":"` + c.resolved.Public + `"`)
+}
+
+// eventFilter is relay's work on one event-stream line, shared by both
+// front doors: the public model name, the usage accounting, and dropping
+// the usage chunks the caller did not ask for (with the blank line that
+// ends each).
+type eventFilter struct {
+	from, to            []byte // nil: no rename
+	hideFinal, hideCont bool
+	skipBlank           bool
+}
+
+func newEventFilter(c *call) eventFilter {
+	f := eventFilter{hideFinal: c.hideUsage, hideCont: c.hideContinuous}
+	if c.resolved.Target != c.resolved.Public {
+		f.from, f.to = renamePair(c)
+	}
+	return f
+}
+
+// line returns the line to relay and what it adds to acct; drop: the line
+// is not relayed. Either way the event is committed (acct.commit) once the
+// line is written or dropped.
+func (f *eventFilter) line(acct *streamAccount, line []byte) ([]byte, streamEvent, bool) {
+	var ev streamEvent
+	drop := false
+	if bytes.HasPrefix(line, []byte("data: {")) {
+		if f.from != nil {
+			line = bytes.Replace(line, f.from, f.to, 1)
+		}
+		line, ev = acct.read(line, f.hideFinal, f.hideCont)
+		drop = ev.drop
+		f.skipBlank = drop
+	} else if f.skipBlank && len(bytes.TrimSpace(line)) == 0 {
+		drop, f.skipBlank = true, false
+	}
+	return line, ev, drop
 }
 
 // statusLabel is fmt.Sprint(code) without allocating for the usual codes.

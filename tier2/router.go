@@ -403,6 +403,7 @@ type call struct {
 	rl           ratelimit.Decision
 	ticket       *priority.Ticket
 	spill        bool // admission asked to prefer another Region
+	banded       bool // band set by admission (and its lowering counted)
 	served       regions.Target
 	settled      bool // token usage reconciled
 	// forwarded: every stage let the request through; it is charged.
@@ -416,18 +417,25 @@ type call struct {
 }
 
 func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
-	c := &call{start: r.cfg.Now()}
+	r.serveStages(r.snap.Load(), &call{start: r.cfg.Now()}, w, req, 0)
+}
+
+// stageAdmit is the index of admission among the stages: where a request
+// the event loop began continues on a goroutine when it must wait.
+const stageAdmit = 3
+
+// serveStages runs the stages from the one numbered from, then forwards.
+func (r *Router) serveStages(st *state, c *call, w http.ResponseWriter, req *http.Request, from int) {
 	defer func() {
 		if c.forwarded && !c.settled {
 			r.settle(c, 0) // a panic (http.ErrAbortHandler) while relaying
 		}
 	}()
-	st := r.snap.Load()
 	// Stages, in order. Each either lets the request through or answers.
-	stages := []func(*state, *call, http.ResponseWriter, *http.Request) *request.APIError{
+	stages := [...]func(*state, *call, http.ResponseWriter, *http.Request) *request.APIError{
 		r.authenticate, r.parse, r.resolve, r.admit, r.rateLimit,
 	}
-	for _, stage := range stages {
+	for _, stage := range stages[from:] {
 		if e := stage(st, c, w, req); e != nil {
 			r.reject(st, c, e, w)
 			return
@@ -504,6 +512,12 @@ func (r *Router) identify(st *state, req *http.Request) (*Caller, *request.APIEr
 	if err != nil {
 		return nil, &request.APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "unauthenticated", Message: err.Error()}
 	}
+	return r.knownTenant(st, caller)
+}
+
+// knownTenant refuses an authenticated caller whose tenant the
+// configuration does not know, or gives it DefaultTenant's policy.
+func (r *Router) knownTenant(st *state, caller *Caller) (*Caller, *request.APIError) {
 	if _, ok := st.snap.Tenants[caller.Tenant]; !ok {
 		if _, ok := st.snap.Tenants[r.cfg.DefaultTenant]; r.cfg.DefaultTenant == "" || !ok {
 			return nil, &request.APIError{Status: http.StatusForbidden, Type: "permission_error", Code: "unknown_tenant",
@@ -561,32 +575,51 @@ func (r *Router) resolve(st *state, c *call, _ http.ResponseWriter, req *http.Re
 
 // Stage 4: admission by priority band.
 func (r *Router) admit(st *state, c *call, _ http.ResponseWriter, req *http.Request) *request.APIError {
+	e, _ := r.admitBand(st, c, req.Context(), false)
+	return e
+}
+
+// admitBand is stage 4; with try it decides only what is immediate and
+// reports wait (nothing done, nothing charged) for a request that would
+// queue.
+func (r *Router) admitBand(st *state, c *call, ctx context.Context, try bool) (e *request.APIError, wait bool) {
 	claimed := priority.Standard
 	if c.caller.Band != "" {
 		b, err := priority.ParseBand(c.caller.Band)
 		if err != nil {
-			return &request.APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "bad_criticality", Message: err.Error()}
+			return &request.APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "bad_criticality", Message: err.Error()}, false
 		}
 		claimed = b
 	}
 	if r.cfg.Priority == nil {
 		c.band = st.tenants.Band(c.caller.Tenant, claimed)
-		return nil
+		return nil, false
 	}
-	c.band = r.cfg.Priority.Band(st.snap, c.caller.Tenant, claimed) // lowered to maxBand, counted
-	tk, spill, err := r.cfg.Priority.Admit(req.Context(), c.resolved.Target, priority.Request{
-		Tenant: c.caller.Tenant, Band: c.band, Bytes: int64(len(c.raw)),
-	})
+	if !c.banded { // a request the event loop handed on was banded (and counted) there
+		c.band, c.banded = r.cfg.Priority.Band(st.snap, c.caller.Tenant, claimed), true // lowered to maxBand, counted
+	}
+	pr := priority.Request{Tenant: c.caller.Tenant, Band: c.band, Bytes: int64(len(c.raw))}
+	var tk *priority.Ticket
+	var spill bool
+	var err error
+	if try {
+		var ok bool
+		if tk, spill, err, ok = r.cfg.Priority.TryAdmit(c.resolved.Target, pr); !ok {
+			return nil, true
+		}
+	} else {
+		tk, spill, err = r.cfg.Priority.Admit(ctx, c.resolved.Target, pr)
+	}
 	if err != nil {
 		var rej *priority.Rejection
 		if errors.As(err, &rej) {
 			return request.TooManyRequests(rej.Code(), fmt.Sprintf("%s request shed: the model %q is at capacity (%s)", c.band, c.resolved.Public, rej.Reason),
-				int(math.Ceil(rej.RetryAfter.Seconds())))
+				int(math.Ceil(rej.RetryAfter.Seconds()))), false
 		}
-		return request.Unavailable("admission", err.Error())
+		return request.Unavailable("admission", err.Error()), false
 	}
 	c.ticket, c.spill = tk, spill
-	return nil
+	return nil, false
 }
 
 // Stage 5: global per-tenant rate limits.
