@@ -36,12 +36,30 @@ const drainTimeout = 30 * time.Second
 type server struct {
 	name string
 	srv  *http.Server
-	ln   net.Listener
+	// front, when set, serves ln instead of srv (Tier-2's event loops).
+	front frontServer
+	ln    net.Listener
 	// abort, when set, is called when a drain's deadline passes, before
 	// the remaining connections are closed.
 	abort func()
 	// drainAfter bounds the drain; zero means drainTimeout.
 	drainAfter time.Duration
+}
+
+// frontServer is what serves a listener: *http.Server or
+// *tier2.LoopServer.
+type frontServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
+
+// serving is the server of s.ln.
+func (s *server) serving() frontServer {
+	if s.front != nil {
+		return s.front
+	}
+	return s.srv
 }
 
 // listeners are a process's HTTP listeners: its main one (the proxy or
@@ -78,7 +96,7 @@ func (s *server) Addr() string { return s.ln.Addr().String() }
 // serve runs until ctx ends, then drains in-flight requests.
 func (s *server) serve(ctx context.Context, log *slog.Logger) error {
 	errc := make(chan error, 1)
-	go func() { errc <- s.srv.Serve(s.ln) }()
+	go func() { errc <- s.serving().Serve(s.ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("%s: %w", s.name, err)
@@ -101,7 +119,8 @@ func (s *server) drain(log *slog.Logger) {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	if err := s.srv.Shutdown(sctx); err == nil {
+	srv := s.serving()
+	if err := srv.Shutdown(sctx); err == nil {
 		return
 	}
 	log.Warn("shutdown did not drain in time; closing", "server", s.name)
@@ -109,11 +128,11 @@ func (s *server) drain(log *slog.Logger) {
 		s.abort()
 		gctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		if s.srv.Shutdown(gctx) == nil {
+		if srv.Shutdown(gctx) == nil {
 			return
 		}
 	}
-	s.srv.Close()
+	srv.Close()
 }
 
 // serveTLS is serve over TLS (HTTP/2 negotiated by ALPN).

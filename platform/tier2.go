@@ -37,6 +37,9 @@ type Tier2Config struct {
 	SubscribeAll bool
 	// TLSCert and TLSKey, both set, serve the front door over HTTPS.
 	TLSCert, TLSKey string
+	// EventLoop serves a plaintext front door on event loops
+	// (tier2.LoopServer) instead of net/http's goroutine per connection.
+	EventLoop bool
 	// CanaryPeriod overrides the Topology's canary analysis period (zero:
 	// the Topology's).
 	CanaryPeriod time.Duration
@@ -140,6 +143,11 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	}
 	opened = append(opened, fs.ln)
 	frontDoorServer(fs, inst.Router.Abort)
+	if f.EventLoop && f.TLSCert == "" {
+		fs.front = tier2.NewLoopServer(inst.Router, fs.srv.Handler, tier2.LoopConfig{
+			ReadHeaderTimeout: fs.srv.ReadHeaderTimeout, IdleTimeout: fs.srv.IdleTimeout, MaxHeaderBytes: fs.srv.MaxHeaderBytes,
+		})
+	}
 	out.listeners = append(out.listeners, fs)
 	if f.Metrics != "" {
 		admin := metricsMux(reg)

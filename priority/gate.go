@@ -508,18 +508,6 @@ func (g *Gate) Submit(r Request, release func(*Ticket, error)) (cancel func() bo
 	return func() bool { return g.cancel(w) }
 }
 
-// TryAdmit is Admit when the decision is immediate (ok), and nothing at
-// all otherwise: the request would wait, and is not queued. An event loop
-// decides here and hands only the requests that must wait to Admit.
-func (g *Gate) TryAdmit(r Request) (t *Ticket, err error, ok bool) {
-	g.mu.Lock()
-	if t, err, ok = g.now(r); ok {
-		return t, err, true
-	}
-	g.mu.Unlock()
-	return nil, nil, false
-}
-
 // now decides r if it can be decided at once: admitted with headroom and
 // nothing at least as important waiting (waiters exist only while there is
 // no headroom), or refused (Sheddable at a saturated or blind pool), or

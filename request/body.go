@@ -153,7 +153,10 @@ func ReadSized(r io.Reader, size, maxBytes int64) (*Body, []byte, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxBytes
 	}
-	if size <= 0 || size > maxBytes {
+	if size > maxBytes { // announced too long: refused unread
+		return nil, nil, fmt.Errorf("request: %w: %d bytes announced, limit %d", ErrTooLarge, size, maxBytes)
+	}
+	if size <= 0 {
 		return Read(r, maxBytes)
 	}
 	data := make([]byte, size)

@@ -124,11 +124,12 @@ func TestRead(t *testing.T) {
 	}
 }
 
-// ReadSized reads exactly what Read reads, whatever length is announced.
+// ReadSized reads exactly what Read reads, whatever length within the
+// limit is announced; a length announced over it is refused unread.
 func TestReadSized(t *testing.T) {
 	body := `{"model":"m","prompt":"` + strings.Repeat("x", 100) + `"}`
 	n := int64(len(body))
-	for _, size := range []int64{0, -1, n, n - 10, n + 10} { // n+10: over the limit, read as Read does
+	for _, size := range []int64{0, -1, n, n - 10} {
 		_, raw, err := ReadSized(strings.NewReader(body), size, n)
 		switch {
 		case err != nil:
@@ -142,6 +143,10 @@ func TestReadSized(t *testing.T) {
 	}
 	if _, _, err := ReadSized(strings.NewReader(body), n, n-1); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("announced over the limit: err = %v, want ErrTooLarge", err)
+	}
+	r := strings.NewReader(body)
+	if _, _, err := ReadSized(r, n+10, n); !errors.Is(err, ErrTooLarge) || r.Len() != len(body) {
+		t.Fatalf("announced over the limit: err = %v and %d bytes read, want ErrTooLarge and none", err, len(body)-r.Len())
 	}
 	if _, _, err := ReadSized(strings.NewReader(body[:50]), n, n); err == nil {
 		t.Fatal("a body shorter than announced was read without an error")

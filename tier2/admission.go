@@ -116,17 +116,30 @@ func (a *Admission) gate(model string) *priority.Gate {
 // together but one of its clusters is not, it is admitted at once and
 // cluster choice (which ranks by load) sends it there.
 func (a *Admission) Admit(ctx context.Context, model string, r priority.Request) (t *priority.Ticket, spill bool, err error) {
-	t, spill, err, _ = a.admit(ctx, model, r, false)
-	return t, spill, err
+	g, r, at := a.pre(model, r)
+	if at != nil {
+		return at, false, nil
+	}
+	t, err = g.Admit(ctx, r)
+	return spilled(r, t, err)
 }
 
-// TryAdmit is Admit when it decides at once (ok); when the request would
-// wait it is not queued, and ok is false.
-func (a *Admission) TryAdmit(model string, r priority.Request) (t *priority.Ticket, spill bool, err error, ok bool) {
-	return a.admit(context.Background(), model, r, true)
+// Submit is Admit without blocking (priority.Gate.Submit): release is
+// called once with the outcome, from Submit itself when it is immediate
+// or later from another goroutine; cancel removes a request still waiting
+// and reports whether it did (release is then not called).
+func (a *Admission) Submit(model string, r priority.Request, release func(t *priority.Ticket, spill bool, err error)) (cancel func() bool) {
+	g, r, at := a.pre(model, r)
+	if at != nil {
+		release(at, false, nil)
+		return func() bool { return false }
+	}
+	return g.Submit(r, func(t *priority.Ticket, err error) { release(spilled(r, t, err)) })
 }
 
-func (a *Admission) admit(ctx context.Context, model string, r priority.Request, try bool) (t *priority.Ticket, spill bool, err error, ok bool) {
+// pre is what Admit decides before model's Gate: a ticket for a Critical
+// request a local cluster has headroom for, or r as the Gate sees it.
+func (a *Admission) pre(model string, r priority.Request) (*priority.Gate, priority.Request, *priority.Ticket) {
 	g := a.gate(model)
 	if r.Band != priority.Sheddable {
 		limit := a.limit(r.Band)
@@ -137,21 +150,20 @@ func (a *Admission) admit(ctx context.Context, model string, r priority.Request,
 				// for it after all, and tells it to spill otherwise.
 				r.MaySpill = true
 			case r.Band == priority.Critical && a.localClusterHasHeadroom(model):
-				return &priority.Ticket{Band: r.Band}, false, nil, true
+				return g, r, &priority.Ticket{Band: r.Band}
 			}
 		}
 	}
-	if try {
-		if t, err, ok = g.TryAdmit(r); !ok {
-			return nil, false, nil, false
-		}
-	} else {
-		t, err = g.Admit(ctx, r)
-	}
+	return g, r, nil
+}
+
+// spilled turns the Gate's ErrSpill into a ticket that prefers another
+// Region.
+func spilled(r priority.Request, t *priority.Ticket, err error) (*priority.Ticket, bool, error) {
 	if errors.Is(err, priority.ErrSpill) {
-		return &priority.Ticket{Band: r.Band}, true, nil, true
+		return &priority.Ticket{Band: r.Band}, true, nil
 	}
-	return t, false, err, true
+	return t, false, err
 }
 
 // saturation combines the digests of model's pools: in region when local,

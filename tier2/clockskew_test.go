@@ -141,10 +141,8 @@ func TestClockSkewBetweenInstances(t *testing.T) {
 		done := make(chan struct{})
 		go func() { in.Run(ctx, nil); close(done) }()
 		t.Cleanup(func() { cancel(); <-done })
-		srv := httptest.NewServer(in.Handler())
-		t.Cleanup(srv.Close)
 		join = append(join, in.Node.Addr())
-		tier2s[r.region], url[r.region] = in, srv.URL
+		tier2s[r.region], url[r.region] = in, serveFront(t, in.Router, in.Handler(), nil)
 	}
 
 	// servedBy sends a completion for model through the Tier-2 of region

@@ -74,6 +74,12 @@ func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Re
 		r.reject(st, c, e, w)
 		return
 	}
+	r.attempts(st, c, w, req, targets, body)
+}
+
+// attempts sends the request to the targets in turn until one answers,
+// and relays its response.
+func (r *Router) attempts(st *state, c *call, w http.ResponseWriter, req *http.Request, targets []regions.Target, body sendBody) {
 	budget := r.cfg.Fleet.Retries()
 	budget.Request()
 	var last *attemptErr
@@ -224,22 +230,7 @@ func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, b
 		out.Body = body.reader()
 		out.GetBody = func() (io.ReadCloser, error) { return body.reader(), nil }
 	}
-	for k, vs := range in.Header {
-		if passedOn(k) {
-			out.Header[k] = vs
-		}
-	}
-	// Set as Header.Set does (the keys are canonical), with one array
-	// for the values.
-	band := c.band.String()
-	vals := [...]string{c.caller.Tenant, band, ""}
-	out.Header["X-Meridian-Tenant"] = vals[0:1:1]
-	out.Header["X-Meridian-Band"] = vals[1:2:2]
-	out.Header["X-Gateway-Inference-Fairness-Id"] = vals[0:1:1]
-	if r.cfg.Tier1Key != nil {
-		vals[2] = trust.Sign(r.cfg.Tier1Key, c.caller.Tenant, band, r.cfg.Now())
-		out.Header[trust.Header] = vals[2:3:3]
-	}
+	r.upstreamHeader(out.Header, in.Header, c)
 	out.ContentLength = body.size()
 	c.watch.arm(r.headerTimeout(c), cancel)
 	resp, err := r.cfg.Transport.RoundTrip(out)
@@ -277,6 +268,27 @@ func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, b
 	return resp, done, nil
 }
 
+// upstreamHeader fills out with the headers a request to Tier-1 carries:
+// the caller's that are passed on, and the identity Tier-2 vouches for.
+func (r *Router) upstreamHeader(out, in http.Header, c *call) {
+	for k, vs := range in {
+		if passedOn(k) {
+			out[k] = vs
+		}
+	}
+	// Set as Header.Set does (the keys are canonical), with one array
+	// for the values.
+	band := c.band.String()
+	vals := [...]string{c.caller.Tenant, band, ""}
+	out["X-Meridian-Tenant"] = vals[0:1:1]
+	out["X-Meridian-Band"] = vals[1:2:2]
+	out["X-Gateway-Inference-Fairness-Id"] = vals[0:1:1]
+	if r.cfg.Tier1Key != nil {
+		vals[2] = trust.Sign(r.cfg.Tier1Key, c.caller.Tenant, band, r.cfg.Now())
+		out[trust.Header] = vals[2:3:3]
+	}
+}
+
 // passedOn says whether a caller's request header goes on to Tier-1: not
 // the credential (nor the claim it replaces), nor the hop-by-hop headers.
 func passedOn(k string) bool {
@@ -291,13 +303,10 @@ func passedOn(k string) bool {
 // (pod addresses) unless Config.ExposeUpstream.
 var hiddenResponseHeaders = []string{"X-Gateway-Destination-Endpoint-Served", "X-Gateway-Destination-Endpoint"}
 
-// relay streams a response back, rewriting the model name to the public
-// one and counting what it relays for token accounting. It returns the
-// status. cancel ends the upstream attempt (a stream idle too long).
-func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, cancel context.CancelCauseFunc) int {
-	defer resp.Body.Close()
-	h := w.Header()
-	for k, vs := range resp.Header {
+// responseHeader adds to h what the caller sees of a Tier-1's response
+// headers, and the cluster that served it.
+func (r *Router) responseHeader(h, up http.Header, c *call) {
+	for k, vs := range up {
 		switch k {
 		case "Connection", "Keep-Alive", "Transfer-Encoding", "Content-Length":
 			continue
@@ -312,6 +321,14 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	served := [...]string{c.served.Region, c.served.Cluster} // h.Set, one array for both
 	h["X-Meridian-Region"] = served[0:1:1]
 	h["X-Meridian-Cluster"] = served[1:2:2]
+}
+
+// relay streams a response back, rewriting the model name to the public
+// one and counting what it relays for token accounting. It returns the
+// status. cancel ends the upstream attempt (a stream idle too long).
+func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, cancel context.CancelCauseFunc) int {
+	defer resp.Body.Close()
+	r.responseHeader(w.Header(), resp.Header, c)
 	w.WriteHeader(resp.StatusCode)
 	first := false
 	// markFirst observes the first byte; streamed says whether the answer

@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -39,7 +38,7 @@ func localFleet(tb testing.TB, snap *config.Snapshot) *regions.Fleet {
 	return fleet
 }
 
-func frontDoor(t *testing.T) (*httptest.Server, testKey) {
+func frontDoor(t *testing.T) (string, testKey) {
 	t.Helper()
 	snap := testkit.Snapshot(t, 1, frontDoorConfig(noTier1))
 	_, ecK, _ := newKeys(t)
@@ -52,9 +51,7 @@ func frontDoor(t *testing.T) (*httptest.Server, testKey) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(r.Handler())
-	t.Cleanup(srv.Close)
-	return srv, ecK
+	return serveFront(t, r, r.Handler(), nil), ecK
 }
 
 // Bad input gets a clear 4xx in OpenAI's error shape, never a 5xx.
@@ -87,7 +84,7 @@ func TestFrontDoorRejects(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			req, _ := http.NewRequest(http.MethodPost, srv.URL+tc.path, strings.NewReader(tc.body))
+			req, _ := http.NewRequest(http.MethodPost, srv+tc.path, strings.NewReader(tc.body))
 			if tc.auth != "" {
 				req.Header.Set("Authorization", tc.auth)
 			}
@@ -106,7 +103,7 @@ func TestFrontDoorRejects(t *testing.T) {
 			}
 		})
 	}
-	resp, err := http.Get(srv.URL + "/readyz")
+	resp, err := http.Get(srv + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}

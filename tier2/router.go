@@ -112,6 +112,10 @@ type Router struct {
 	bufs     sync.Pool
 	readers  sync.Pool // *relayReader, a 32 KiB buffer for relaying event streams
 	cohorts  sync.Map  // rewrite name → *rewrite.Cohort of its rollout's state; see Canary
+	// loopTransport: Tier-1s are reached with NewTransport's behaviour,
+	// which a LoopServer's loops reproduce; with a transport of the
+	// caller's, a LoopServer forwards through it on a goroutine.
+	loopTransport bool
 }
 
 // state is one configuration's derived routing state.
@@ -133,6 +137,7 @@ func NewRouter(cfg Config, snap *config.Snapshot) (*Router, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	loopTransport := cfg.Transport == nil
 	if cfg.Transport == nil {
 		cfg.Transport = NewTransport()
 	}
@@ -167,7 +172,7 @@ func NewRouter(cfg Config, snap *config.Snapshot) (*Router, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	r := &Router{cfg: cfg, log: cfg.Logger, m: cfg.Metrics}
+	r := &Router{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, loopTransport: loopTransport}
 	r.auth.Store(cfg.Auth)
 	r.stopping, r.abort = context.WithCancel(context.Background())
 	r.bufs.New = func() any { return new([32 << 10]byte) }
@@ -403,7 +408,6 @@ type call struct {
 	rl           ratelimit.Decision
 	ticket       *priority.Ticket
 	spill        bool // admission asked to prefer another Region
-	banded       bool // band set by admission (and its lowering counted)
 	served       regions.Target
 	settled      bool // token usage reconciled
 	// forwarded: every stage let the request through; it is charged.
@@ -417,25 +421,18 @@ type call struct {
 }
 
 func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
-	r.serveStages(r.snap.Load(), &call{start: r.cfg.Now()}, w, req, 0)
-}
-
-// stageAdmit is the index of admission among the stages: where a request
-// the event loop began continues on a goroutine when it must wait.
-const stageAdmit = 3
-
-// serveStages runs the stages from the one numbered from, then forwards.
-func (r *Router) serveStages(st *state, c *call, w http.ResponseWriter, req *http.Request, from int) {
+	c := &call{start: r.cfg.Now()}
 	defer func() {
 		if c.forwarded && !c.settled {
 			r.settle(c, 0) // a panic (http.ErrAbortHandler) while relaying
 		}
 	}()
 	// Stages, in order. Each either lets the request through or answers.
+	st := r.snap.Load()
 	stages := [...]func(*state, *call, http.ResponseWriter, *http.Request) *request.APIError{
 		r.authenticate, r.parse, r.resolve, r.admit, r.rateLimit,
 	}
-	for _, stage := range stages[from:] {
+	for _, stage := range stages {
 		if e := stage(st, c, w, req); e != nil {
 			r.reject(st, c, e, w)
 			return
@@ -537,13 +534,28 @@ func (r *Router) parse(_ *state, c *call, w http.ResponseWriter, req *http.Reque
 	deadline := rc.SetReadDeadline(r.cfg.Now().Add(r.cfg.BodyReadTimeout)) == nil
 	var err error
 	c.body, c.raw, err = request.ReadSized(req.Body, req.ContentLength, r.cfg.MaxBodyBytes)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// The deadline stays passed, and the connection closes after the
+		// 408: net/http reads what is left of a short body before it
+		// answers, and would wait for a stalled one without end.
+		w.Header().Set("Connection", "close")
+		return r.bodyTimeout()
+	}
 	if deadline {
 		rc.SetReadDeadline(time.Time{})
 	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return &request.APIError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
-			Message: fmt.Sprintf("the request body was not received within %s", r.cfg.BodyReadTimeout)}
-	}
+	return r.parsed(c, err)
+}
+
+// bodyTimeout is the answer to a body not received within BodyReadTimeout.
+func (r *Router) bodyTimeout() *request.APIError {
+	return &request.APIError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+		Message: fmt.Sprintf("the request body was not received within %s", r.cfg.BodyReadTimeout)}
+}
+
+// parsed finishes stage 2 once the body is read (err: reading or parsing
+// it failed).
+func (r *Router) parsed(c *call, err error) *request.APIError {
 	if err == nil {
 		c.promptTokens = int64(c.body.EstimateTokens())
 		c.params, err = request.ValidateParsed(c.raw, c.body)
@@ -575,51 +587,45 @@ func (r *Router) resolve(st *state, c *call, _ http.ResponseWriter, req *http.Re
 
 // Stage 4: admission by priority band.
 func (r *Router) admit(st *state, c *call, _ http.ResponseWriter, req *http.Request) *request.APIError {
-	e, _ := r.admitBand(st, c, req.Context(), false)
-	return e
+	pr, e := r.banded(st, c)
+	if e != nil || r.cfg.Priority == nil {
+		return e
+	}
+	tk, spill, err := r.cfg.Priority.Admit(req.Context(), c.resolved.Target, pr)
+	return r.admitted(c, tk, spill, err)
 }
 
-// admitBand is stage 4; with try it decides only what is immediate and
-// reports wait (nothing done, nothing charged) for a request that would
-// queue.
-func (r *Router) admitBand(st *state, c *call, ctx context.Context, try bool) (e *request.APIError, wait bool) {
+// banded sets the request's band (the claimed one, lowered to the
+// tenant's maxBand) and returns what admission is asked.
+func (r *Router) banded(st *state, c *call) (priority.Request, *request.APIError) {
 	claimed := priority.Standard
 	if c.caller.Band != "" {
 		b, err := priority.ParseBand(c.caller.Band)
 		if err != nil {
-			return &request.APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "bad_criticality", Message: err.Error()}, false
+			return priority.Request{}, &request.APIError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "bad_criticality", Message: err.Error()}
 		}
 		claimed = b
 	}
 	if r.cfg.Priority == nil {
 		c.band = st.tenants.Band(c.caller.Tenant, claimed)
-		return nil, false
-	}
-	if !c.banded { // a request the event loop handed on was banded (and counted) there
-		c.band, c.banded = r.cfg.Priority.Band(st.snap, c.caller.Tenant, claimed), true // lowered to maxBand, counted
-	}
-	pr := priority.Request{Tenant: c.caller.Tenant, Band: c.band, Bytes: int64(len(c.raw))}
-	var tk *priority.Ticket
-	var spill bool
-	var err error
-	if try {
-		var ok bool
-		if tk, spill, err, ok = r.cfg.Priority.TryAdmit(c.resolved.Target, pr); !ok {
-			return nil, true
-		}
 	} else {
-		tk, spill, err = r.cfg.Priority.Admit(ctx, c.resolved.Target, pr)
+		c.band = r.cfg.Priority.Band(st.snap, c.caller.Tenant, claimed) // lowered to maxBand, counted
 	}
+	return priority.Request{Tenant: c.caller.Tenant, Band: c.band, Bytes: int64(len(c.raw))}, nil
+}
+
+// admitted is admission's outcome as the stage's answer.
+func (r *Router) admitted(c *call, tk *priority.Ticket, spill bool, err error) *request.APIError {
 	if err != nil {
 		var rej *priority.Rejection
 		if errors.As(err, &rej) {
 			return request.TooManyRequests(rej.Code(), fmt.Sprintf("%s request shed: the model %q is at capacity (%s)", c.band, c.resolved.Public, rej.Reason),
-				int(math.Ceil(rej.RetryAfter.Seconds()))), false
+				int(math.Ceil(rej.RetryAfter.Seconds())))
 		}
-		return request.Unavailable("admission", err.Error()), false
+		return request.Unavailable("admission", err.Error())
 	}
 	c.ticket, c.spill = tk, spill
-	return nil, false
+	return nil
 }
 
 // Stage 5: global per-tenant rate limits.

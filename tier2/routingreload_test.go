@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -152,9 +151,8 @@ func (h *reloadHarness) start(t *testing.T, first *config.Snapshot, updates <-ch
 	wg.Add(2)
 	go func() { defer wg.Done(); in.Run(ctx, updates) }()
 	go func() { defer wg.Done(); h.feed(ctx) }()
-	srv := httptest.NewServer(in.Handler())
-	h.url = srv.URL
-	t.Cleanup(func() { srv.Close(); cancel(); wg.Wait() })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	h.url = serveFront(t, in.Router, in.Handler(), nil) // closed before the cleanup above
 	testkit.Eventually(t, "both clusters in the routing decision", func() bool { return len(h.candidates()) == 2 })
 }
 

@@ -100,13 +100,7 @@ spec:
 func newDoor(t *testing.T, mod func(*Config), upstreams ...string) *door {
 	t.Helper()
 	d := newDoorRouter(t, mod, upstreams...)
-	h := d.r.Handler()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		defer func() { d.handled <- struct{}{} }()
-		h.ServeHTTP(w, req)
-	}))
-	t.Cleanup(srv.Close)
-	d.url = srv.URL
+	d.url = serveFront(t, d.r, d.r.Handler(), func() { d.handled <- struct{}{} })
 	return d
 }
 
@@ -587,7 +581,7 @@ func TestRequestReadLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\nContent-Length: 1000000000\r\n\r\n{\"model\":", d.token(t, "team", nil))
+	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\nContent-Length: 1000\r\n\r\n{\"model\":", d.token(t, "team", nil))
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -595,6 +589,21 @@ func TestRequestReadLimits(t *testing.T) {
 	e := readErr(t, resp, 408)
 	if *e.Error.Code != "request_timeout" {
 		t.Fatalf("408 body %+v", e.Error)
+	}
+
+	// A body announced longer than the limit is refused before it is sent
+	// (the caller waits for nothing, Tier-2 reads nothing).
+	big, err := net.Dial("tcp", strings.TrimPrefix(d.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer big.Close()
+	fmt.Fprintf(big, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\nContent-Length: 1000000000\r\n\r\n{\"model\":", d.token(t, "team", nil))
+	if resp, err = http.ReadResponse(bufio.NewReader(big), nil); err != nil {
+		t.Fatal(err)
+	}
+	if e := readErr(t, resp, 413); *e.Error.Code != "body_too_large" {
+		t.Fatalf("413 body %+v", e.Error)
 	}
 
 	hdr := map[string]string{}

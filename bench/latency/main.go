@@ -95,7 +95,7 @@ func main() {
 			log.Fatalf("start %s: %v", name, err)
 		}
 		procs = append(procs, cmd)
-		if len(args) > 0 && (args[0] == "tier1" || args[0] == "tier2" || args[0] == "sim") {
+		if _, seen := pids[args[0]]; len(args) > 0 && !seen && (args[0] == "tier1" || args[0] == "tier2" || args[0] == "sim") {
 			pids[args[0]] = cmd.Process.Pid
 		}
 	}
@@ -112,8 +112,19 @@ func main() {
 	waitHTTP("http://" + t1 + "/readyz")
 	start(*meridianBin, "tier2", "--config", dir, "--region", "bench", "--name", "bench", "--listen", t2, "--metrics", "", "--subscribe-all")
 	waitHTTP("http://" + t2 + "/readyz")
+	t2loop := ""
+	if strings.Contains(*paths, "tier2loop") {
+		// The same Tier-2 on event loops (meridian tier2 --event-loop).
+		t2loop = freeAddr()
+		start(*meridianBin, "tier2", "--config", dir, "--region", "bench", "--name", "bench-loop", "--listen", t2loop, "--metrics", "", "--subscribe-all", "--event-loop")
+		pids["tier2loop"] = procs[len(procs)-1].Process.Pid
+		waitHTTP("http://" + t2loop + "/readyz")
+	}
 
 	targets := map[string]string{"tier1": "http://" + t1, "tier2": "http://" + t2}
+	if t2loop != "" {
+		targets["tier2loop"] = "http://" + t2loop
+	}
 	if _, err := os.Stat(*nginxBin); err == nil && strings.Contains(*paths, "nginx") {
 		ng := freeAddr()
 		pids["nginx"] = startNginx(ctx, dir, ng, t1, &procs)
@@ -159,7 +170,7 @@ func main() {
 				urls = []string{u}
 			}
 			hdr := http.Header{"Content-Type": {"application/json"}}
-			if p == "tier2" {
+			if p == "tier2" || p == "tier2loop" {
 				hdr.Set("Authorization", "Bearer "+token)
 			}
 			cpu0, behind0 := procCPU(pids[p]), procCPU(pids["tier1"])+procCPU(pids["sim"])
