@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -44,9 +45,11 @@ type LoopServer struct {
 	log *slog.Logger
 	cfg LoopConfig
 
-	eng    gnet.Engine
-	booted chan struct{}
-	ran    chan error // gnet.Run's result
+	eng         gnet.Engine
+	booted      chan struct{}
+	running     chan struct{} // a connection opened on a loop: they all run
+	runningOnce sync.Once
+	ran         chan error // gnet.Run's result
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -93,7 +96,7 @@ func NewLoopServer(r *Router, h http.Handler, cfg LoopConfig) *LoopServer {
 	if cfg.Loops <= 0 {
 		cfg.Loops = runtime.GOMAXPROCS(0)
 	}
-	s := &LoopServer{r: r, h: h, log: r.log, cfg: cfg, booted: make(chan struct{}), ran: make(chan error, 1),
+	s := &LoopServer{r: r, h: h, log: r.log, cfg: cfg, booted: make(chan struct{}), running: make(chan struct{}), ran: make(chan error, 1),
 		conns: map[*clientConn]struct{}{}, dialer: net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}}
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
@@ -131,6 +134,12 @@ func (s *LoopServer) Serve(ln net.Listener) error {
 	case err := <-s.ran:
 		return fmt.Errorf("tier2: event loops: %w", err)
 	}
+	// OnBoot comes before the loops exist: a connection to the engine's
+	// own listener, once opened on a loop, says they all run.
+	if err := s.probe(); err != nil {
+		s.stop()
+		return fmt.Errorf("tier2: event loops: %w", err)
+	}
 	if s.draining.Load() { // closed while the loops started
 		s.stop()
 		return http.ErrServerClosed
@@ -150,6 +159,35 @@ func (s *LoopServer) Serve(ln net.Listener) error {
 			return err
 		}
 		go s.enroll(nc)
+	}
+}
+
+// probe connects to the engine's listener and waits for the connection
+// to open on a loop.
+func (s *LoopServer) probe() error {
+	fd, err := s.eng.Dup()
+	if err != nil {
+		return err
+	}
+	sa, err := syscall.Getsockname(fd)
+	syscall.Close(fd)
+	if err != nil {
+		return err
+	}
+	a, ok := sa.(*syscall.SockaddrInet4)
+	if !ok {
+		return fmt.Errorf("the engine's listener is not IPv4 (%T)", sa)
+	}
+	nc, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(a.Port)), dialTimeout)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	select {
+	case <-s.running:
+		return nil
+	case <-time.After(dialTimeout):
+		return errors.New("no event loop opened a connection")
 	}
 }
 
@@ -265,7 +303,8 @@ func (s *LoopServer) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		x.open(c)
 	case *upConn:
 		x.open(c)
-	default: // a caller on the engine's own loopback listener
+	default: // a caller on the engine's own loopback listener (Serve's probe first)
+		s.runningOnce.Do(func() { close(s.running) })
 		cc := &clientConn{s: s, remote: c.RemoteAddr().String()}
 		c.SetContext(cc)
 		cc.open(c)
