@@ -1,0 +1,229 @@
+package tier2
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meridian-router/meridian/internal/testkit"
+)
+
+// loopDoor is newDoor's front door served by a LoopServer whichever pass
+// TestMain runs: for what only the event loops do.
+func loopDoor(t *testing.T, upstreams ...string) (*door, *LoopServer) {
+	t.Helper()
+	d := newDoorRouter(t, nil, upstreams...)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewLoopServer(d.r, d.r.Handler(), LoopConfig{})
+	s.onDone = func() { d.handled <- struct{}{} }
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	d.url = "http://" + ln.Addr().String()
+	return d, s
+}
+
+// rawExchange writes req on a new connection and reads n responses.
+func rawExchange(t *testing.T, addr, req string, n int) []*http.Response {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(30 * time.Second)) // a hang fails, slowly
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	var out []*http.Response
+	for range n {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("response %d of %d: %v", len(out)+1, n, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body = io.NopCloser(strings.NewReader(string(b)))
+		out = append(out, resp)
+	}
+	return out
+}
+
+func body(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// The event loops read HTTP/1.1 as net/http's server does: pipelined
+// requests answered in order, a malformed head a 400, headers past the
+// limit a 431, a chunked body decoded, 100 Continue for a caller that
+// waits for it, h2c handed to net/http.
+func TestLoopServerHTTP(t *testing.T) {
+	var got atomic.Value
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.Store(string(b))
+		usageUpstream(w, r)
+	}))
+	defer up.Close()
+	d, _ := loopDoor(t, up.URL)
+	addr := strings.TrimPrefix(d.url, "http://")
+	tok := d.token(t, "team", nil)
+
+	rs := rawExchange(t, addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 2)
+	for i, r := range rs {
+		if r.StatusCode != 200 || body(t, r) != "ok\n" {
+			t.Fatalf("pipelined response %d: %d", i, r.StatusCode)
+		}
+	}
+	if r := rawExchange(t, addr, "GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 1)[0]; r.StatusCode != 400 || !r.Close {
+		t.Fatalf("malformed header: %d (close %v), want 400 and close", r.StatusCode, r.Close)
+	}
+	if r := rawExchange(t, addr, "GET /healthz HTTP/1.1\r\n\r\n", 1)[0]; r.StatusCode != 400 {
+		t.Fatalf("no Host: %d, want 400", r.StatusCode)
+	}
+	if r := rawExchange(t, addr, "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: "+strings.Repeat("x", 80<<10)+"\r\n\r\n", 1)[0]; r.StatusCode != 431 {
+		t.Fatalf("80 KiB of headers: %d, want 431", r.StatusCode)
+	}
+
+	const req = `{"model":"chat-model","prompt":"x"}`
+	chunked := "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + tok + "\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		fmt.Sprintf("%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n", 10, req[:10], len(req)-10, req[10:])
+	if r := rawExchange(t, addr, chunked, 1)[0]; r.StatusCode != 200 || got.Load() != req {
+		t.Fatalf("chunked body: %d, upstream read %q", r.StatusCode, got.Load())
+	}
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", tok, len(req))
+	br := bufio.NewReader(c)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+		t.Fatalf("before the body: %q, %v; want 100 Continue", line, err)
+	}
+	br.ReadString('\n')
+	io.WriteString(c, req)
+	if r, err := http.ReadResponse(br, nil); err != nil || r.StatusCode != 200 {
+		t.Fatalf("after 100 Continue: %v %v", r, err)
+	}
+
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	h2 := &http.Client{Transport: &http.Transport{Protocols: &protos}}
+	resp, err := h2.Get(d.url + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ProtoMajor != 2 || resp.StatusCode != 200 || body(t, resp) != "ok\n" {
+		t.Fatalf("h2c: %s %d", resp.Proto, resp.StatusCode)
+	}
+	resp.Body.Close()
+}
+
+// A loop keeps its Tier-1 connections: requests in turn use one, and a
+// connection the Tier-1 closed while idle is replaced without a failed
+// request.
+func TestLoopServerUpstreamConnections(t *testing.T) {
+	var conns atomic.Int64
+	up := httptest.NewUnstartedServer(http.HandlerFunc(usageUpstream))
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	up.Start()
+	defer up.Close()
+	d, _ := loopDoor(t, up.URL)
+	tok := d.token(t, "team", nil)
+	post := func() {
+		t.Helper()
+		resp := d.post(t, t.Context(), tok, "/v1/completions", `{"model":"chat-model","prompt":"x"}`, nil)
+		if b := body(t, resp); resp.StatusCode != 200 || !strings.Contains(b, `"total_tokens":300`) {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		resp.Body.Close()
+		<-d.handled
+	}
+	// The first request verifies the token on a goroutine (and reaches
+	// the Tier-1 with net/http's client); the second opens the loop's
+	// connection.
+	post()
+	post()
+	n0 := conns.Load()
+	for range 5 {
+		post()
+	}
+	if n := conns.Load(); n != n0 {
+		t.Fatalf("5 requests in turn opened %d more Tier-1 connections, want none", n-n0)
+	}
+	up.CloseClientConnections() // the Tier-1 drops its idle connections
+	post()
+	if n := conns.Load(); n != n0+1 {
+		t.Fatalf("after the Tier-1 closed its connections: %d new ones, want 1", n-n0)
+	}
+}
+
+// Shutdown lets a stream in flight finish, and then returns; a caller
+// that connects meanwhile is not served.
+func TestLoopServerShutdown(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Write([]byte(`data: {"id":"c","model":"chat-model","choices":[{"index":0,"text":"a"}]}` + "\n\n"))
+		w.(http.Flusher).Flush()
+		<-release
+		w.Write([]byte("data: [DONE]\n\n"))
+	}))
+	defer up.Close()
+	d, s := loopDoor(t, up.URL)
+	resp := d.post(t, t.Context(), d.token(t, "team", nil), "/v1/completions", `{"model":"chat-model","prompt":"x","stream":true}`, nil)
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); !strings.HasPrefix(line, "data: {") {
+		t.Fatalf("first event %q", line)
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		done <- s.Shutdown(ctx)
+	}()
+	testkit.Eventually(t, "Shutdown began", s.draining.Load)
+	select {
+	case err := <-done:
+		t.Fatalf("Shutdown returned (%v) with a stream in flight", err)
+	default:
+	}
+	close(release)
+	rest, _ := io.ReadAll(br)
+	if !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("the stream's end: %q", rest)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if _, err := http.Get(d.url + "/healthz"); err == nil {
+		t.Fatal("a caller was served after Shutdown")
+	}
+}
