@@ -3,7 +3,12 @@ package tier2
 import (
 	"bytes"
 	"errors"
+	"net/http"
+	"net/textproto"
 	"strconv"
+	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // chunkDecoder reads a chunked body (RFC 9112 §7.1) as its bytes arrive,
@@ -113,4 +118,102 @@ func (d *chunkDecoder) decode(b []byte, out *[]byte, limit int64) (int, bool, er
 		*out = append(*out, p...)
 		return nil
 	})
+}
+
+// upstreamHead is what the event loops read of a Tier-1's response head.
+type upstreamHead struct {
+	status  int
+	header  http.Header
+	length  int64 // Content-Length; -1: none
+	chunked bool
+	close   bool // the connection ends with this response
+}
+
+var errResponseHead = errors.New("malformed response head")
+
+// parseResponseHead reads an HTTP/1.x response head (ending in its blank
+// line) without net/http's reader: the status, the headers (keys in
+// canonical form, as Tier-1's net/http writes them; keys interns them)
+// and the body's framing. Anything it does not expect (a header line
+// folded, a transfer coding other than chunked, two lengths) is an error:
+// the attempt fails, as it would on a malformed response.
+func parseResponseHead(b []byte, keys map[string]string) (upstreamHead, error) {
+	h := upstreamHead{length: -1}
+	line, rest, ok := bytes.Cut(b, []byte("\r\n"))
+	if !ok || len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
+		return h, errResponseHead
+	}
+	minor := line[7]
+	if minor != '0' && minor != '1' {
+		return h, errResponseHead
+	}
+	h.close = minor == '0'
+	code := line[9:12]
+	for _, ch := range code {
+		if ch < '0' || ch > '9' {
+			return h, errResponseHead
+		}
+	}
+	if len(line) > 12 && line[12] != ' ' {
+		return h, errResponseHead
+	}
+	h.status = int(code[0]-'0')*100 + int(code[1]-'0')*10 + int(code[2]-'0')
+	if h.status < 100 {
+		return h, errResponseHead
+	}
+	h.header = make(http.Header, 8)
+	for {
+		line, rest, ok = bytes.Cut(rest, []byte("\r\n"))
+		if !ok {
+			return h, errResponseHead
+		}
+		if len(line) == 0 {
+			break
+		}
+		k, v, found := bytes.Cut(line, []byte(":"))
+		if !found || len(k) == 0 || line[0] == ' ' || line[0] == '\t' || !httpguts.ValidHeaderFieldName(string(k)) {
+			return h, errResponseHead
+		}
+		v = bytes.Trim(v, " \t")
+		key, ok := keys[string(k)]
+		if !ok {
+			key = textproto.CanonicalMIMEHeaderKey(string(k))
+			if len(keys) < 256 {
+				keys[key] = key
+				keys[string(k)] = key
+			}
+		}
+		val := string(v)
+		if !httpguts.ValidHeaderFieldValue(val) {
+			return h, errResponseHead
+		}
+		switch key {
+		case "Content-Length":
+			n, err := strconv.ParseInt(val, 10, 64)
+			if err != nil || n < 0 || h.length >= 0 && h.length != n {
+				return h, errResponseHead
+			}
+			h.length = n
+		case "Transfer-Encoding":
+			if !strings.EqualFold(val, "chunked") || h.chunked {
+				return h, errResponseHead
+			}
+			h.chunked = true
+		case "Connection":
+			if httpguts.HeaderValuesContainsToken([]string{val}, "close") {
+				h.close = true
+			} else if minor == '0' && httpguts.HeaderValuesContainsToken([]string{val}, "keep-alive") {
+				h.close = false
+			}
+		}
+		h.header[key] = append(h.header[key], val)
+	}
+	switch {
+	case h.status < 200 || h.status == http.StatusNoContent || h.status == http.StatusNotModified:
+		h.length, h.chunked = 0, false
+	case h.chunked:
+		h.length = -1 // chunked wins over a length (RFC 9112 §6.3)
+		h.close = h.close || len(h.header["Content-Length"]) > 0
+	}
+	return h, nil
 }

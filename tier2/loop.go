@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"strconv"
 	"sync"
@@ -95,6 +96,9 @@ func NewLoopServer(r *Router, h http.Handler, cfg LoopConfig) *LoopServer {
 	}
 	if cfg.Loops <= 0 {
 		cfg.Loops = runtime.GOMAXPROCS(0)
+		if v, err := strconv.Atoi(os.Getenv("XLOOPS")); err == nil {
+			cfg.Loops = v
+		}
 	}
 	s := &LoopServer{r: r, h: h, log: r.log, cfg: cfg, booted: make(chan struct{}), running: make(chan struct{}), ran: make(chan error, 1),
 		conns: map[*clientConn]struct{}{}, dialer: net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}}
@@ -145,6 +149,7 @@ func (s *LoopServer) Serve(ln net.Listener) error {
 		return http.ErrServerClosed
 	}
 	go s.h2.Serve(s.h2ln)
+	go s.watchAbort(s.h2ln.done)
 	for {
 		nc, err := ln.Accept()
 		if err != nil {

@@ -227,3 +227,93 @@ func TestLoopServerShutdown(t *testing.T) {
 		t.Fatal("a caller was served after Shutdown")
 	}
 }
+
+// parseResponseHead reads what net/http reads of a response head, and
+// refuses what it cannot frame.
+func TestParseResponseHead(t *testing.T) {
+	good := []string{
+		"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: 12\r\ncontent-type: application/json\r\nX-A: 1\r\nX-A: 2\r\n\r\n",
+		"HTTP/1.1 204 No Content\r\n\r\n",
+		"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\n",
+		"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n",
+		"HTTP/1.1 100 Continue\r\n\r\n",
+		"HTTP/1.1 200\r\nContent-Length: 1\r\n\r\n",
+	}
+	for _, head := range good {
+		h, err := parseResponseHead([]byte(head), map[string]string{})
+		if err != nil {
+			t.Fatalf("%q: %v", head, err)
+		}
+		want, err := http.ReadResponse(bufio.NewReader(strings.NewReader(head)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chunked := len(want.TransferEncoding) > 0
+		if h.status != want.StatusCode || h.chunked != chunked || h.close != want.Close ||
+			(!chunked && h.length != want.ContentLength) || fmt.Sprint(dropFraming(h.header)) != fmt.Sprint(dropFraming(want.Header)) {
+			t.Errorf("%q: got %d %v %d close %v %v; net/http %d %v %d close %v %v", head, h.status, h.chunked, h.length, h.close, h.header,
+				want.StatusCode, want.TransferEncoding, want.ContentLength, want.Close, want.Header)
+		}
+	}
+	for _, head := range []string{
+		"HTTP/2 200 OK\r\n\r\n",
+		"HTTP/1.1 2x0 OK\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nX-A: 1\r\n folded\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nBad Key: 1\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nX-A: 1",
+	} {
+		if _, err := parseResponseHead([]byte(head), map[string]string{}); err == nil {
+			t.Errorf("%q: accepted", head)
+		}
+	}
+}
+
+// dropFraming is a response's headers without those of its framing,
+// which the caller never sees (net/http moves some out of the map).
+func dropFraming(h http.Header) http.Header {
+	out := h.Clone()
+	for _, k := range []string{"Transfer-Encoding", "Connection"} {
+		delete(out, k)
+	}
+	return out
+}
+
+// chunkDecoder decodes a chunked body however its bytes are split.
+func TestChunkDecoder(t *testing.T) {
+	enc := "5\r\nhello\r\n1;ext=1\r\n \r\n10\r\n0123456789abcdef\r\n0\r\nTrailer: x\r\n\r\nNEXT"
+	for split := 1; split <= len(enc); split++ {
+		var d chunkDecoder
+		var got []byte
+		pending := ""
+		done := false
+		for i := 0; i < len(enc) && !done; i += split {
+			pending += enc[i:min(i+split, len(enc))]
+			n, fin, err := d.decode([]byte(pending), &got, 1<<20)
+			if err != nil {
+				t.Fatalf("split %d: %v", split, err)
+			}
+			pending, done = pending[n:], fin
+		}
+		if string(got) != "hello 0123456789abcdef" || !done || !strings.HasPrefix(pending, "NEXT"[:min(len(pending), 4)]) {
+			t.Fatalf("split %d: %q done %v left %q", split, got, done, pending)
+		}
+	}
+	for _, bad := range []string{"x\r\n", "5\r\nhelloXX", "fffffffffffffffff\r\n", strings.Repeat("1", 5000)} {
+		var d chunkDecoder
+		var got []byte
+		if _, _, err := d.decode([]byte(bad), &got, 1<<20); err == nil {
+			t.Errorf("%q: accepted", bad)
+		}
+	}
+	var d chunkDecoder
+	var got []byte
+	if _, _, err := d.decode([]byte("10\r\n0123456789abcdef\r\n"), &got, 8); !errors.Is(err, errChunkTooLarge) {
+		t.Fatalf("over the limit: %v", err)
+	}
+}

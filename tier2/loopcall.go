@@ -1,7 +1,6 @@
 package tier2
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -150,11 +149,32 @@ func (lc *loopCall) admitted() {
 	lc.budget = r.cfg.Fleet.Retries()
 	lc.budget.Request()
 	cc.cur = lc
-	el := cc.c.EventLoop()
-	lc.stopAbort = context.AfterFunc(r.stopping, func() {
-		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error { lc.expire(lc.gen, errShutdown); return nil }))
-	})
+	lc.ls = lc.s.pool(cc.c.EventLoop())
+	lc.ls.active[lc] = struct{}{} // Abort ends it (LoopServer.watchAbort)
 	lc.attempt()
+	if r.stopping.Err() != nil && !lc.ended { // Abort came first
+		lc.expire(lc.gen, errShutdown)
+	}
+}
+
+// watchAbort ends every call on the loops when the router's Abort is
+// called, as send's context does for a goroutine's.
+func (s *LoopServer) watchAbort(done <-chan struct{}) {
+	select {
+	case <-done:
+		return
+	case <-s.r.stopping.Done():
+	}
+	s.pools.Range(func(_, v any) bool {
+		ls := v.(*loopState)
+		ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			for lc := range ls.active {
+				lc.expire(lc.gen, errShutdown)
+			}
+			return nil
+		}))
+		return true
+	})
 }
 
 // plaintext reports whether every target is a plain http:// Tier-1.
@@ -222,11 +242,10 @@ type loopCall struct {
 	queued      bool
 	cancelAdmit func() bool
 
-	up        *upConn
-	gen       uint64 // counts attempts: a late event of an earlier one is ignored
-	stale     bool   // the attempt's connection was reused (a close before any byte is retried on a new one)
-	stopAbort func() bool
-	ended     bool
+	up    *upConn
+	gen   uint64 // counts attempts: a late event of an earlier one is ignored
+	stale bool   // the attempt's connection was reused (a close before any byte is retried on a new one)
+	ended bool
 
 	// The response.
 	phase    int // upHead, upBody
@@ -488,28 +507,24 @@ func (lc *loopCall) traffic(c gnet.Conn) {
 			}
 			return
 		}
-		br := lc.s.heads.Get().(*bufio.Reader)
-		br.Reset(bytes.NewReader(buf[:end+4]))
-		resp, err := http.ReadResponse(br, nil)
-		br.Reset(nil)
-		lc.s.heads.Put(br)
+		resp, err := parseResponseHead(buf[:end+4], lc.ls.keys)
 		c.Discard(end + 4)
 		lc.stale = false
 		if err != nil {
 			lc.failed(&attemptErr{reason: "connect", result: regions.Failure, cause: err})
 			return
 		}
-		if resp.StatusCode < 200 { // 100 Continue and the like: the real head follows
+		if resp.status < 200 { // 100 Continue and the like: the real head follows
 			lc.traffic(c)
 			return
 		}
-		lc.status = resp.StatusCode
+		lc.status = resp.status
 		switch {
-		case resp.StatusCode >= 500:
-			lc.failed(&attemptErr{reason: "5xx", status: resp.StatusCode, result: regions.Failure})
+		case resp.status >= 500:
+			lc.failed(&attemptErr{reason: "5xx", status: resp.status, result: regions.Failure})
 			return
-		case resp.StatusCode == http.StatusTooManyRequests:
-			lc.failed(&attemptErr{reason: "429", status: resp.StatusCode, result: regions.Overloaded})
+		case resp.status == http.StatusTooManyRequests:
+			lc.failed(&attemptErr{reason: "429", status: resp.status, result: regions.Overloaded})
 			return
 		}
 		lc.begin(resp)
@@ -538,22 +553,22 @@ func (lc *loopCall) traffic(c gnet.Conn) {
 }
 
 // begin starts relaying a response whose head arrived.
-func (lc *loopCall) begin(resp *http.Response) {
+func (lc *loopCall) begin(resp upstreamHead) {
 	r, c := lc.r, lc.c
 	lc.phase = upBody
-	lc.reusable = !resp.Close
+	lc.reusable = !resp.close
 	switch {
-	case len(resp.TransferEncoding) > 0:
+	case resp.chunked:
 		lc.framing, lc.dec = framedChunked, chunkDecoder{}
-	case resp.ContentLength >= 0:
-		lc.framing, lc.left = framedLength, resp.ContentLength
+	case resp.length >= 0:
+		lc.framing, lc.left = framedLength, resp.length
 	default:
 		lc.framing, lc.reusable = framedClose, false
 	}
 	r.served(c, lc.targets[0], lc.targets[lc.i])
-	r.responseHeader(lc.h, resp.Header, c)
+	r.responseHeader(lc.h, resp.header, c)
 	c.watch.streaming(r.cfg.StreamIdleTimeout)
-	lc.sse = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	lc.sse = strings.HasPrefix(resp.header.Get("Content-Type"), "text/event-stream")
 	if lc.sse {
 		lc.filter = newEventFilter(c)
 		lc.head = appendHead(make([]byte, 0, 512), lc.status, lc.h, nil, -1, lc.cc.keep) // leaves with the first events
@@ -803,8 +818,8 @@ func (lc *loopCall) end() {
 	}
 	lc.ended = true
 	lc.c.watch.stop()
-	if lc.stopAbort != nil {
-		lc.stopAbort()
+	if lc.ls != nil {
+		delete(lc.ls.active, lc)
 	}
 	lc.c.ticket.Done()
 	if !lc.c.settled {
@@ -879,6 +894,9 @@ func (u *upConn) release() {
 // loopState is one loop's: its idle Tier-1 connections, by address, and
 // the buffer the relay of its current read builds in.
 type loopState struct {
+	el      gnet.EventLoop
+	active  map[*loopCall]struct{} // calls on the loop, past admission
+	keys    map[string]string      // response header keys, interned
 	idle    map[string][]*upConn
 	swept   time.Time
 	scratch []byte
@@ -894,7 +912,7 @@ func (s *LoopServer) pool(el gnet.EventLoop) *loopState {
 	if p, ok := s.pools.Load(el); ok {
 		return p.(*loopState)
 	}
-	p, _ := s.pools.LoadOrStore(el, &loopState{idle: map[string][]*upConn{}})
+	p, _ := s.pools.LoadOrStore(el, &loopState{el: el, idle: map[string][]*upConn{}, keys: map[string]string{}, active: map[*loopCall]struct{}{}})
 	return p.(*loopState)
 }
 
