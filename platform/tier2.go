@@ -37,9 +37,10 @@ type Tier2Config struct {
 	SubscribeAll bool
 	// TLSCert and TLSKey, both set, serve the front door over HTTPS.
 	TLSCert, TLSKey string
-	// EventLoop serves a plaintext front door on event loops
-	// (tier2.LoopServer) instead of net/http's goroutine per connection.
-	EventLoop bool
+	// NetHTTP serves the front door with net/http's server (a goroutine
+	// per connection) instead of event loops (tier2.LoopServer, the
+	// default for plaintext). Over TLS it is net/http's always.
+	NetHTTP bool
 	// CanaryPeriod overrides the Topology's canary analysis period (zero:
 	// the Topology's).
 	CanaryPeriod time.Duration
@@ -143,7 +144,7 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	}
 	opened = append(opened, fs.ln)
 	frontDoorServer(fs, inst.Router.Abort)
-	if f.EventLoop && f.TLSCert == "" {
+	if !f.NetHTTP && f.TLSCert == "" {
 		fs.front = tier2.NewLoopServer(inst.Router, fs.srv.Handler, tier2.LoopConfig{
 			ReadHeaderTimeout: fs.srv.ReadHeaderTimeout, IdleTimeout: fs.srv.IdleTimeout, MaxHeaderBytes: fs.srv.MaxHeaderBytes,
 		})

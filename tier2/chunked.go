@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -216,4 +217,101 @@ func parseResponseHead(b []byte, keys map[string]string) (upstreamHead, error) {
 		h.close = h.close || len(h.header["Content-Length"]) > 0
 	}
 	return h, nil
+}
+
+// parseRequestHead reads the common request head without net/http's
+// reader: GET or POST of a plain path (letters, digits, "-._~/") over
+// HTTP/1.1, one Host, at most one Content-Length, no Transfer-Encoding,
+// no folded lines. For anything else ok is false and net/http's parser
+// reads the head, so what is accepted here is read exactly as it would
+// read it (TestParseRequestHead compares the two).
+func parseRequestHead(b []byte, keys map[string]string) (req *http.Request, ok bool) {
+	line, rest, found := bytes.Cut(b, []byte("\r\n"))
+	if !found {
+		return nil, false
+	}
+	var method string
+	switch {
+	case bytes.HasPrefix(line, []byte("POST ")):
+		method, line = http.MethodPost, line[5:]
+	case bytes.HasPrefix(line, []byte("GET ")):
+		method, line = http.MethodGet, line[4:]
+	default:
+		return nil, false
+	}
+	target, proto, found := bytes.Cut(line, []byte(" "))
+	if !found || string(proto) != "HTTP/1.1" || len(target) == 0 || target[0] != '/' {
+		return nil, false
+	}
+	for _, ch := range target {
+		if !plainPathByte(ch) {
+			return nil, false
+		}
+	}
+	path := string(target)
+	req = &http.Request{Method: method, URL: &url.URL{Path: path}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: make(http.Header, 8), RequestURI: path, Body: http.NoBody}
+	hosts := 0
+	for {
+		line, rest, found = bytes.Cut(rest, []byte("\r\n"))
+		if !found {
+			return nil, false
+		}
+		if len(line) == 0 {
+			break
+		}
+		k, v, found := bytes.Cut(line, []byte(":"))
+		if !found || len(k) == 0 {
+			return nil, false
+		}
+		for _, ch := range k {
+			if !httpguts.IsTokenRune(rune(ch)) {
+				return nil, false
+			}
+		}
+		key, known := keys[string(k)]
+		if !known {
+			key = textproto.CanonicalMIMEHeaderKey(string(k))
+			if len(keys) < 256 {
+				keys[string(k)] = key
+			}
+		}
+		v = bytes.Trim(v, " \t")
+		val := string(v)
+		if !httpguts.ValidHeaderFieldValue(val) {
+			return nil, false
+		}
+		switch key {
+		case "Host":
+			hosts++
+			req.Host = val
+			continue // http.ReadRequest keeps it out of the map
+		case "Content-Length":
+			if len(req.Header["Content-Length"]) > 0 || len(val) == 0 || len(val) > 18 {
+				return nil, false
+			}
+			for _, ch := range v {
+				if ch < '0' || ch > '9' {
+					return nil, false
+				}
+			}
+			req.ContentLength, _ = strconv.ParseInt(val, 10, 64)
+		case "Transfer-Encoding", "Trailer":
+			return nil, false
+		case "Connection":
+			if httpguts.HeaderValuesContainsToken([]string{val}, "close") {
+				req.Close = true
+			}
+		}
+		req.Header[key] = append(req.Header[key], val)
+	}
+	if hosts != 1 || !httpguts.ValidHostHeader(req.Host) {
+		return nil, false
+	}
+	return req, true // the body is the caller's to set
+}
+
+// plainPathByte: a byte of a path that needs no unescaping or cleaning.
+func plainPathByte(ch byte) bool {
+	return 'a' <= ch && ch <= 'z' || 'A' <= ch && ch <= 'Z' || '0' <= ch && ch <= '9' || ch == '-' || ch == '.' || ch == '_' || ch == '~' || ch == '/'
 }

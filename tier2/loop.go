@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"runtime"
 	"strconv"
 	"sync"
@@ -78,7 +77,10 @@ type LoopConfig struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds a request's headers (431 beyond). Zero: 64 KiB.
 	MaxHeaderBytes int
-	// Loops is the number of event loops. Zero: GOMAXPROCS.
+	// Loops is the number of event loops. Zero: one fewer than GOMAXPROCS
+	// (at least one), which leaves a core to the runtime and the
+	// goroutines the loops hand work to: on two cores one loop served
+	// more requests per CPU second than two (docs/BENCHMARKS.md).
 	Loops int
 }
 
@@ -95,10 +97,7 @@ func NewLoopServer(r *Router, h http.Handler, cfg LoopConfig) *LoopServer {
 		cfg.MaxHeaderBytes = 64 << 10
 	}
 	if cfg.Loops <= 0 {
-		cfg.Loops = runtime.GOMAXPROCS(0)
-		if v, err := strconv.Atoi(os.Getenv("XLOOPS")); err == nil {
-			cfg.Loops = v
-		}
+		cfg.Loops = max(1, runtime.GOMAXPROCS(0)-1)
 	}
 	s := &LoopServer{r: r, h: h, log: r.log, cfg: cfg, booted: make(chan struct{}), running: make(chan struct{}), ran: make(chan error, 1),
 		conns: map[*clientConn]struct{}{}, dialer: net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}}
@@ -320,9 +319,17 @@ func (s *LoopServer) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 func (s *LoopServer) OnClose(c gnet.Conn, err error) gnet.Action {
 	switch x := c.Context().(type) {
 	case *clientConn:
+		if x.ls == nil { // closed before it opened
+			x.gone()
+			break
+		}
+		x.ls.enter()
 		x.gone()
+		x.ls.leave()
 	case *upConn:
+		x.pool.enter()
 		x.gone(err)
+		x.pool.leave()
 	}
 	return gnet.None
 }
@@ -330,9 +337,13 @@ func (s *LoopServer) OnClose(c gnet.Conn, err error) gnet.Action {
 func (s *LoopServer) OnTraffic(c gnet.Conn) gnet.Action {
 	switch x := c.Context().(type) {
 	case *clientConn:
+		x.ls.enter()
 		x.serve()
+		x.ls.leave()
 	case *upConn:
+		x.pool.enter()
 		x.traffic()
+		x.pool.leave()
 	}
 	return gnet.None
 }
@@ -341,6 +352,7 @@ func (s *LoopServer) OnTraffic(c gnet.Conn) gnet.Action {
 type clientConn struct {
 	s      *LoopServer
 	c      gnet.Conn
+	ls     *loopState
 	pre    []byte // read before the connection was enrolled; served first
 	remote string
 	closed bool
@@ -375,6 +387,7 @@ const (
 func (cc *clientConn) open(c gnet.Conn) {
 	cc.c = c
 	s := cc.s
+	cc.ls = s.pool(c.EventLoop())
 	s.mu.Lock()
 	s.conns[cc] = struct{}{}
 	s.mu.Unlock()
@@ -581,6 +594,9 @@ func (cc *clientConn) continueBody() {
 // readHead parses a request's headers with net/http's parser and the
 // checks its server makes; status is the error to answer, or 0.
 func (cc *clientConn) readHead(b []byte) (*http.Request, int) {
+	if req, ok := parseRequestHead(b, cc.ls.keys); ok {
+		return cc.checkHead(req)
+	}
 	br := cc.s.heads.Get().(*bufio.Reader)
 	br.Reset(bytes.NewReader(b))
 	req, err := http.ReadRequest(br)
@@ -608,11 +624,15 @@ func (cc *clientConn) readHead(b []byte) (*http.Request, int) {
 			}
 		}
 	}
+	return cc.checkHead(req)
+}
+
+// checkHead is what the front door checks of a head either parser read.
+func (cc *clientConn) checkHead(req *http.Request) (*http.Request, int) {
 	if ex := req.Header["Expect"]; len(ex) > 0 && !(len(ex) == 1 && httpguts.HeaderValuesContainsToken(ex, "100-continue")) {
 		return nil, http.StatusExpectationFailed
 	}
 	req.RemoteAddr = cc.remote
-	req.RequestURI = req.URL.RequestURI()
 	return req, 0
 }
 

@@ -317,3 +317,52 @@ func TestChunkDecoder(t *testing.T) {
 		t.Fatalf("over the limit: %v", err)
 	}
 }
+
+// parseRequestHead reads the heads it accepts exactly as net/http does,
+// and leaves the others to it.
+func TestParseRequestHead(t *testing.T) {
+	accepted := []string{
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: a:1\r\nAuthorization: Bearer x.y.z\r\nContent-Type: application/json\r\nContent-Length: 42\r\n\r\n",
+		"GET /healthz HTTP/1.1\r\nhost: x\r\nuser-agent: curl/8\r\naccept: */*\r\n\r\n",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, close\r\nX-A:  1 \r\nX-A: 2\r\n\r\n",
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+	}
+	for _, head := range accepted {
+		got, ok := parseRequestHead([]byte(head), map[string]string{})
+		if !ok {
+			t.Fatalf("%q: refused", head)
+		}
+		want, err := http.ReadRequest(bufio.NewReader(strings.NewReader(head)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Method != want.Method || got.URL.String() != want.URL.String() || got.RequestURI != want.RequestURI || got.Host != want.Host ||
+			got.ContentLength != want.ContentLength || got.Close != want.Close || got.Proto != want.Proto ||
+			fmt.Sprint(got.Header) != fmt.Sprint(want.Header) || (got.ContentLength == 0 && want.Body != http.NoBody) {
+			t.Errorf("%q:\n got %s %s %q cl %d close %v %v\nwant %s %s %q cl %d close %v %v", head,
+				got.Method, got.URL, got.Host, got.ContentLength, got.Close, got.Header,
+				want.Method, want.URL, want.Host, want.ContentLength, want.Close, want.Header)
+		}
+	}
+	for _, head := range []string{
+		"PUT / HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET /a?b HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET /a%20b HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET http://x/ HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET / HTTP/1.0\r\n\r\n",
+		"GET / HTTP/1.1\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n folded\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nBad Key: 1\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nX-A: 1\n\r\n",
+	} {
+		if _, ok := parseRequestHead([]byte(head), map[string]string{}); ok {
+			t.Errorf("%q: accepted", head)
+		}
+	}
+}

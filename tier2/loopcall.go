@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -85,13 +86,13 @@ func (s *LoopServer) inference(cc *clientConn, req *http.Request, raw []byte) {
 	// Admission decides at once, or releases the request later from
 	// another goroutine: then the loop goes on with it.
 	var state atomic.Int32 // 0: in Submit; 1: Submit returned first; 2: released within Submit
-	el := cc.c.EventLoop()
+	ls := cc.ls
 	cancel := r.cfg.Priority.Submit(c.resolved.Target, pr, func(t *priority.Ticket, spill bool, err error) {
 		lc.admT, lc.admSpill, lc.admErr = t, spill, err
 		if state.CompareAndSwap(0, 2) {
 			return
 		}
-		el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error { lc.admitted(); return nil }))
+		ls.later(lc)
 	})
 	if state.CompareAndSwap(0, 1) { // waiting in admission's queue
 		lc.cancelAdmit = cancel
@@ -891,15 +892,64 @@ func (u *upConn) release() {
 	u.pool.put(u)
 }
 
+// enter and leave bracket the loop's handlers. A request admission
+// releases meanwhile (most often by a ticket the handler itself returned)
+// goes on before the handler returns, instead of waking the loop through
+// its queue (a write to an eventfd and another turn of epoll_wait).
+func (ls *loopState) enter() {
+	ls.mu.Lock()
+	ls.running = true
+	ls.mu.Unlock()
+}
+
+func (ls *loopState) leave() {
+	for {
+		ls.mu.Lock()
+		if len(ls.released) == 0 {
+			ls.running = false
+			ls.mu.Unlock()
+			return
+		}
+		batch := ls.released
+		ls.released = nil
+		ls.mu.Unlock()
+		for _, lc := range batch {
+			lc.admitted()
+		}
+	}
+}
+
+// later continues lc, released by admission, on its loop. It is called
+// from any goroutine.
+func (ls *loopState) later(lc *loopCall) {
+	ls.mu.Lock()
+	if ls.running {
+		ls.released = append(ls.released, lc)
+		ls.mu.Unlock()
+		return
+	}
+	ls.mu.Unlock()
+	ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		ls.enter()
+		lc.admitted()
+		ls.leave()
+		return nil
+	}))
+}
+
 // loopState is one loop's: its idle Tier-1 connections, by address, and
 // the buffer the relay of its current read builds in.
 type loopState struct {
-	el      gnet.EventLoop
-	active  map[*loopCall]struct{} // calls on the loop, past admission
-	keys    map[string]string      // response header keys, interned
-	idle    map[string][]*upConn
-	swept   time.Time
-	scratch []byte
+	el     gnet.EventLoop
+	active map[*loopCall]struct{} // calls on the loop, past admission
+	keys   map[string]string      // response header keys, interned
+
+	mu       sync.Mutex
+	running  bool        // a handler of the loop runs, and will run released before it returns
+	released []*loopCall // admitted while it ran
+	idle     map[string][]*upConn
+	swept    time.Time
+	scratch  []byte
 }
 
 // maxIdlePerHost and upIdleTimeout are NewTransport's.

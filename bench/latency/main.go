@@ -55,7 +55,7 @@ var (
 	maxTokens   = flag.Int("max-tokens", 16, "output tokens per request")
 	pods        = flag.Int("pods", 4, "simulated pods")
 	timeScale   = flag.Float64("time-scale", 1000, "simulated model seconds per wall-clock second (high: the pods answer at once)")
-	paths       = flag.String("paths", "direct,tier1,tier2,nginx", "paths to measure")
+	paths       = flag.String("paths", "direct,tier1,tier2,nginx", "paths to measure: direct, tier1, tier2, tier2http (the same Tier-2 on net/http), nginx, goproxy, fastfloor, gnetfloor")
 	streamOpts  = flag.String("stream-options", "", `the clients' "stream_options" object (JSON, e.g. {"include_usage":true,"continuous_usage_stats":true}); empty: none`)
 	unique      = flag.Bool("unique", true, "give every request a distinct prompt prefix, so that prefix affinity does not concentrate identical prompts on one pod (which measures routing, not the proxy)")
 )
@@ -112,18 +112,19 @@ func main() {
 	waitHTTP("http://" + t1 + "/readyz")
 	start(*meridianBin, "tier2", "--config", dir, "--region", "bench", "--name", "bench", "--listen", t2, "--metrics", "", "--subscribe-all")
 	waitHTTP("http://" + t2 + "/readyz")
-	t2loop := ""
-	if strings.Contains(*paths, "tier2loop") {
-		// The same Tier-2 on event loops (meridian tier2 --event-loop).
-		t2loop = freeAddr()
-		start(*meridianBin, "tier2", "--config", dir, "--region", "bench", "--name", "bench-loop", "--listen", t2loop, "--metrics", "", "--subscribe-all", "--event-loop")
-		pids["tier2loop"] = procs[len(procs)-1].Process.Pid
-		waitHTTP("http://" + t2loop + "/readyz")
+	t2http := ""
+	if strings.Contains(*paths, "tier2http") {
+		// The same Tier-2 on net/http's server, a goroutine per
+		// connection (meridian tier2 --event-loop=false).
+		t2http = freeAddr()
+		start(*meridianBin, "tier2", "--config", dir, "--region", "bench", "--name", "bench-http", "--listen", t2http, "--metrics", "", "--subscribe-all", "--event-loop=false")
+		pids["tier2http"] = procs[len(procs)-1].Process.Pid
+		waitHTTP("http://" + t2http + "/readyz")
 	}
 
 	targets := map[string]string{"tier1": "http://" + t1, "tier2": "http://" + t2}
-	if t2loop != "" {
-		targets["tier2loop"] = "http://" + t2loop
+	if t2http != "" {
+		targets["tier2http"] = "http://" + t2http
 	}
 	if _, err := os.Stat(*nginxBin); err == nil && strings.Contains(*paths, "nginx") {
 		ng := freeAddr()
@@ -170,7 +171,7 @@ func main() {
 				urls = []string{u}
 			}
 			hdr := http.Header{"Content-Type": {"application/json"}}
-			if p == "tier2" || p == "tier2loop" {
+			if p == "tier2" || p == "tier2http" {
 				hdr.Set("Authorization", "Bearer "+token)
 			}
 			cpu0, behind0 := procCPU(pids[p]), procCPU(pids["tier1"])+procCPU(pids["sim"])
