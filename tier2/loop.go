@@ -364,6 +364,7 @@ type clientConn struct {
 	body      []byte
 	bodyLen   int64 // the announced Content-Length; -1 chunked
 	tooLarge  bool  // announced longer than MaxBodyBytes: not read
+	smuggled  bool  // chunked and a Content-Length both: closed after the response
 	dec       chunkDecoder
 	continued bool // 100 Continue sent
 
@@ -527,11 +528,15 @@ func (cc *clientConn) serve() {
 				cc.plainError(status)
 				return
 			}
-			cc.head, cc.body, cc.continued, cc.tooLarge = req, nil, false, false
+			cc.head, cc.body, cc.continued, cc.tooLarge, cc.smuggled = req, nil, false, false, false
 			switch {
 			case len(req.TransferEncoding) > 0:
 				cc.bodyLen = -1
 				cc.dec = chunkDecoder{}
+				// A length beside the chunks is how requests are smuggled
+				// past a proxy that reads the other one: this one reads the
+				// chunks (RFC 9112 §6.3) and closes the connection after.
+				cc.smuggled = headerLines(buf[:end+4], "content-length") > 0
 			case req.ContentLength > s.r.cfg.MaxBodyBytes:
 				cc.bodyLen, cc.tooLarge = 0, true // refused unread, after authentication
 			default:
@@ -610,7 +615,7 @@ func (cc *clientConn) readHead(b []byte) (*http.Request, int) {
 	}
 	// http.ReadRequest drops the Host header (into req.Host): net/http's
 	// server counts it before, and so does this.
-	hosts := hostHeaders(b)
+	hosts := headerLines(b, "host")
 	if req.ProtoAtLeast(1, 1) && hosts == 0 || hosts > 1 || hosts == 1 && !httpguts.ValidHostHeader(req.Host) {
 		return nil, http.StatusBadRequest
 	}
@@ -636,8 +641,9 @@ func (cc *clientConn) checkHead(req *http.Request) (*http.Request, int) {
 	return req, 0
 }
 
-// hostHeaders counts the Host header lines of a request's head.
-func hostHeaders(head []byte) int {
+// headerLines counts the header lines of a request's head named name
+// (lower case).
+func headerLines(head []byte, name string) int {
 	n := 0
 	for len(head) > 0 {
 		i := bytes.IndexByte(head, '\n')
@@ -646,7 +652,7 @@ func hostHeaders(head []byte) int {
 		}
 		line := head[:i]
 		head = head[i+1:]
-		if len(line) >= 5 && line[4] == ':' && bytes.EqualFold(line[:4], []byte("host")) {
+		if len(line) > len(name) && line[len(name)] == ':' && bytes.EqualFold(line[:len(name)], []byte(name)) {
 			n++
 		}
 	}
@@ -668,7 +674,7 @@ func (cc *clientConn) plainError(status int) {
 func (cc *clientConn) dispatch(req *http.Request, body []byte) {
 	cc.disarm()
 	cc.busy = true
-	cc.keep = !req.Close && !cc.s.draining.Load() && !cc.tooLarge
+	cc.keep = !req.Close && !cc.s.draining.Load() && !cc.tooLarge && !cc.smuggled
 	cc.s.active.Add(1)
 	if req.Method == http.MethodPost && (req.URL.Path == "/v1/chat/completions" || req.URL.Path == "/v1/completions") {
 		cc.s.inference(cc, req, body)
@@ -761,6 +767,7 @@ type asyncWriter struct {
 	sent       bool // the head is written: the body is chunked
 	buf        []byte
 	err        error
+	queued     atomic.Int64 // handed to the loop and not yet written
 }
 
 func (w *asyncWriter) Header() http.Header { return w.h }
@@ -833,11 +840,29 @@ func (w *asyncWriter) finish() {
 }
 
 func (w *asyncWriter) send(b []byte) {
-	if err := w.c.AsyncWrite(b, nil); err != nil {
+	if w.queued.Add(int64(len(b))) > maxCallerBacklog {
+		// The caller does not read: its response ends here, as a
+		// blocked write would end it on net/http's server.
+		w.err, w.keep = errSlowCaller, false
+		w.c.Close()
+		return
+	}
+	n := int64(len(b))
+	wrote := func(c gnet.Conn, _ error) error {
+		w.queued.Add(-n)
+		if c.OutboundBuffered() > maxCallerBacklog { // on the loop: what the socket did not take
+			c.Close()
+		}
+		return nil
+	}
+	if err := w.c.AsyncWrite(b, wrote); err != nil {
 		w.err = err
 		w.keep = false
 	}
 }
+
+// errSlowCaller ends a response whose caller left maxCallerBacklog unread.
+var errSlowCaller = errors.New("tier2: the caller does not read its response")
 
 func bodyAllowed(code int) bool {
 	return code != http.StatusNoContent && code != http.StatusNotModified && code >= 200

@@ -107,8 +107,14 @@ func TestLoopServerHTTP(t *testing.T) {
 	const req = `{"model":"chat-model","prompt":"x"}`
 	chunked := "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + tok + "\r\nTransfer-Encoding: chunked\r\n\r\n" +
 		fmt.Sprintf("%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n", 10, req[:10], len(req)-10, req[10:])
-	if r := rawExchange(t, addr, chunked, 1)[0]; r.StatusCode != 200 || got.Load() != req {
-		t.Fatalf("chunked body: %d, upstream read %q", r.StatusCode, got.Load())
+	if r := rawExchange(t, addr, chunked, 1)[0]; r.StatusCode != 200 || got.Load() != req || r.Close {
+		t.Fatalf("chunked body: %d (close %v), upstream read %q", r.StatusCode, r.Close, got.Load())
+	}
+	// Chunks and a length both: the chunks are read, and the connection
+	// closes after (what follows cannot be trusted to be a request).
+	smuggle := strings.Replace(chunked, "Transfer-Encoding: chunked\r\n", "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n", 1)
+	if r := rawExchange(t, addr, smuggle, 1)[0]; r.StatusCode != 200 || got.Load() != req || !r.Close {
+		t.Fatalf("chunked body with a length: %d (close %v), upstream read %q", r.StatusCode, r.Close, got.Load())
 	}
 
 	c, err := net.Dial("tcp", addr)
