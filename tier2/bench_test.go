@@ -60,6 +60,7 @@ func sseBodyUsage(model string, events int, continuous bool) []byte {
 // inferenceFixture is a Router with every stage on (JWT verification,
 // admission, rate limits, cluster choice) in front of a canned Tier-1.
 type inferenceFixture struct {
+	r       *Router
 	h       http.Handler
 	tok     string
 	refresh func()
@@ -121,7 +122,7 @@ func newInferenceFixtureUpstream(tb testing.TB, url string) *inferenceFixture {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	f.tok, f.h = "Bearer "+s, r.Handler()
+	f.tok, f.r, f.h = "Bearer "+s, r, r.Handler()
 	return f
 }
 
