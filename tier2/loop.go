@@ -722,8 +722,8 @@ func (cc *clientConn) goServe(req *http.Request, body []byte, serve func(http.Re
 	} else {
 		req.Body = io.NopCloser(bytes.NewReader(body))
 	}
-	if cc.tooLarge {
-		req.Body, req.ContentLength = io.NopCloser(tooLargeBody{}), -1
+	if cc.tooLarge { // announced (or sent in chunks) over the limit: refused unread
+		req.Body, req.ContentLength = http.NoBody, max(req.ContentLength, cc.s.r.cfg.MaxBodyBytes+1)
 	}
 	w := &asyncWriter{c: cc.c, h: http.Header{}, keep: cc.keep, head: req.Method == http.MethodHead}
 	go func() {
@@ -746,14 +746,6 @@ func (cc *clientConn) goServe(req *http.Request, body []byte, serve func(http.Re
 		}()
 		serve(w, req)
 	}()
-}
-
-// tooLargeBody reads as a body longer than any limit, without holding one.
-type tooLargeBody struct{}
-
-func (tooLargeBody) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
 }
 
 // asyncWriter is a ResponseWriter for a handler on a goroutine: what it
