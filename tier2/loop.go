@@ -10,11 +10,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -46,6 +47,7 @@ type LoopServer struct {
 	cfg LoopConfig
 
 	eng         gnet.Engine
+	sock        string // the engine's own listener, a Unix socket
 	booted      chan struct{}
 	running     chan struct{} // a connection opened on a loop: they all run
 	runningOnce sync.Once
@@ -124,11 +126,18 @@ func (s *LoopServer) Serve(ln net.Listener) error {
 	}
 	s.ln = ln
 	s.mu.Unlock()
-	// The engine needs a listener of its own; it is bound to loopback
-	// and serves the same front door. Callers arrive through ln and are
-	// enrolled on a loop.
+	// The engine needs a listener of its own: a Unix socket in a
+	// directory of its own, which takes no port and no caller can reach
+	// from the network. Callers arrive through ln and are enrolled on a
+	// loop.
+	dir, err := os.MkdirTemp("", "meridian-tier2-")
+	if err != nil {
+		return fmt.Errorf("tier2: event loops: %w", err)
+	}
+	s.sock = filepath.Join(dir, "loops.sock")
 	go func() {
-		s.ran <- gnet.Run(s, "tcp://127.0.0.1:0", gnet.WithMulticore(true), gnet.WithNumEventLoop(s.cfg.Loops),
+		defer os.RemoveAll(dir)
+		s.ran <- gnet.Run(s, "unix://"+s.sock, gnet.WithMulticore(true), gnet.WithNumEventLoop(s.cfg.Loops),
 			gnet.WithLoadBalancing(gnet.LeastConnections), gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 			gnet.WithLogger(gnetLogger{s.log}))
 	}()
@@ -169,20 +178,7 @@ func (s *LoopServer) Serve(ln net.Listener) error {
 // probe connects to the engine's listener and waits for the connection
 // to open on a loop.
 func (s *LoopServer) probe() error {
-	fd, err := s.eng.Dup()
-	if err != nil {
-		return err
-	}
-	sa, err := syscall.Getsockname(fd)
-	syscall.Close(fd)
-	if err != nil {
-		return err
-	}
-	a, ok := sa.(*syscall.SockaddrInet4)
-	if !ok {
-		return fmt.Errorf("the engine's listener is not IPv4 (%T)", sa)
-	}
-	nc, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(a.Port)), dialTimeout)
+	nc, err := net.DialTimeout("unix", s.sock, dialTimeout)
 	if err != nil {
 		return err
 	}
@@ -307,9 +303,9 @@ func (s *LoopServer) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		x.open(c)
 	case *upConn:
 		x.open(c)
-	default: // a caller on the engine's own loopback listener (Serve's probe first)
+	default: // a connection to the engine's own socket: Serve's probe
 		s.runningOnce.Do(func() { close(s.running) })
-		cc := &clientConn{s: s, remote: c.RemoteAddr().String()}
+		cc := &clientConn{s: s, remote: "@" + s.sock}
 		c.SetContext(cc)
 		cc.open(c)
 	}
