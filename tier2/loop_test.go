@@ -22,21 +22,8 @@ import (
 func loopDoor(t *testing.T, upstreams ...string) (*door, *LoopServer) {
 	t.Helper()
 	d := newDoorRouter(t, nil, upstreams...)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewLoopServer(d.r, d.r.Handler(), LoopConfig{})
-	s.onDone = func() { d.handled <- struct{}{} }
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
-	t.Cleanup(func() {
-		s.Close()
-		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	d.url = "http://" + ln.Addr().String()
+	s, addr := startLoopServer(t, d.r, d.r.Handler(), func() { d.handled <- struct{}{} })
+	d.url = "http://" + addr
 	return d, s
 }
 

@@ -2,10 +2,8 @@ package tier2
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -79,20 +77,8 @@ type loopFixture struct {
 func newLoopFixture(tb testing.TB) *loopFixture {
 	tb.Helper()
 	f := newInferenceFixtureUpstream(tb, rawTier1(tb))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	s := NewLoopServer(f.r, f.h, LoopConfig{})
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
-	tb.Cleanup(func() {
-		s.Close()
-		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-			tb.Errorf("Serve: %v", err)
-		}
-	})
-	conn, err := net.Dial("tcp", ln.Addr().String())
+	_, addr := startLoopServer(tb, f.r, f.h, nil)
+	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		tb.Fatal(err)
 	}

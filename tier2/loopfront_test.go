@@ -42,6 +42,14 @@ func serveFront(tb testing.TB, r *Router, h http.Handler, done func()) string {
 		tb.Cleanup(srv.Close)
 		return srv.URL
 	}
+	_, addr := startLoopServer(tb, r, h, done)
+	return "http://" + addr
+}
+
+// startLoopServer serves h (r's front door) on a LoopServer on 127.0.0.1
+// until the test ends; done, when set, is called as each request ends.
+func startLoopServer(tb testing.TB, r *Router, h http.Handler, done func()) (*LoopServer, string) {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -56,5 +64,5 @@ func serveFront(tb testing.TB, r *Router, h http.Handler, done func()) string {
 			tb.Errorf("LoopServer.Serve: %v", err)
 		}
 	})
-	return "http://" + ln.Addr().String()
+	return s, ln.Addr().String()
 }
