@@ -357,6 +357,10 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 		w.Write(b)
 		if err != nil {
 			r.settle(c, 0)
+			// The abort skips what forward does after relay: the
+			// attempt's context and the cluster's in-flight count end here.
+			cancel(nil)
+			r.cfg.Fleet.End(c.served, regions.Success)
 			panic(http.ErrAbortHandler)
 		}
 		r.settle(c, usageTokens(b))

@@ -359,3 +359,44 @@ func TestParseRequestHead(t *testing.T) {
 		}
 	}
 }
+
+// A response cut in its body, streamed or whole, and a caller that leaves
+// mid-response each end the cluster's in-flight count, on both front
+// doors.
+func TestCutResponsesEndInFlight(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if strings.Contains(r.Header.Get("X-Test"), "stream") {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Write([]byte(`data: {"id":"c","model":"chat-model","choices":[{"index":0,"text":"a"}]}` + "\n\n"))
+			w.(http.Flusher).Flush()
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", "100")
+			w.Write([]byte(`{"id":`))
+			w.(http.Flusher).Flush()
+		}
+		c, _, _ := http.NewResponseController(w).Hijack()
+		c.Close() // cut before the end
+	}))
+	defer up.Close()
+	d := newDoor(t, nil, up.URL)
+	for _, kind := range []string{"whole", "stream"} {
+		resp, err := http.DefaultClient.Do(func() *http.Request {
+			req, _ := http.NewRequest(http.MethodPost, d.url+"/v1/completions", strings.NewReader(`{"model":"chat-model","prompt":"x"}`))
+			req.Header.Set("Authorization", d.token(t, "team", nil))
+			req.Header.Set("X-Test", kind)
+			return req
+		}())
+		if err == nil {
+			io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		<-d.handled
+	}
+	for _, st := range d.r.cfg.Fleet.Status() {
+		if st.InFlight != 0 {
+			t.Fatalf("cluster %s: %d requests still in flight after both ended", st.Cluster, st.InFlight)
+		}
+	}
+}

@@ -661,6 +661,7 @@ func (lc *loopCall) flush() {
 			lc.up = nil
 		}
 		lc.settleAndEnd(lc.acct.tokens(lc.c))
+		lc.r.finished(lc.st, lc.c, lc.targets[lc.i], lc.status)
 		cc.keep = false
 		cc.c.Close()
 		cc.done()
@@ -751,6 +752,7 @@ func (lc *loopCall) midStream(cause error) {
 	r, c, cc := lc.r, lc.c, lc.cc
 	if !lc.sse {
 		lc.settleAndEnd(0)
+		r.cfg.Fleet.End(lc.targets[lc.i], regions.Success) // it answered; the relay's abort is not its failure
 		cc.keep = false
 		cc.c.Close()
 		cc.done()
@@ -802,6 +804,7 @@ func (lc *loopCall) callerGone() {
 		r.finished(lc.st, c, t, lc.status)
 	default:
 		lc.settleAndEnd(0)
+		r.finished(lc.st, c, t, lc.status)
 	}
 	lc.cc.done()
 }
