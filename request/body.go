@@ -268,6 +268,18 @@ func arenaClass(n int) int {
 	return k
 }
 
+// GetBuffer returns an empty buffer with room for at least n bytes, from
+// the pool Parse's arenas come from: a buffer PutBuffer returned, which
+// still holds its last user's bytes past its length (append over it; never
+// read past what was written). Tier-2's event loops read request bodies
+// into them.
+func GetBuffer(n int) *[]byte { return getArena(n) }
+
+// PutBuffer returns a buffer from GetBuffer for reuse. Its holder must
+// keep no slice of it: the next GetBuffer hands it out again. A buffer of
+// no pooled size is left to the collector.
+func PutBuffer(b *[]byte) { putArena(b) }
+
 // getArena returns a buffer of at least n bytes for Parse.
 func getArena(n int) *[]byte {
 	k := arenaClass(n)

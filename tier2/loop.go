@@ -20,6 +20,8 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/meridian-router/meridian/request"
 )
 
 // LoopServer serves the front door on event loops (panjf2000/gnet's epoll
@@ -358,13 +360,21 @@ type clientConn struct {
 	// The request being read.
 	head      *http.Request
 	body      []byte
-	bodyLen   int64 // the announced Content-Length; -1 chunked
-	tooLarge  bool  // announced longer than MaxBodyBytes: not read
-	smuggled  bool  // chunked and a Content-Length both: closed after the response
+	bodyBuf   *[]byte // body's pooled buffer (request.GetBuffer), or nil
+	bodyLen   int64   // the announced Content-Length; -1 chunked
+	tooLarge  bool    // announced longer than MaxBodyBytes: not read
+	smuggled  bool    // chunked and a Content-Length both: closed after the response
 	dec       chunkDecoder
 	continued bool // 100 Continue sent
 
-	cur    *loopCall          // the inference served on the loop
+	cur *loopCall // the inference served on the loop
+	// served is the pooled buffer of the request in flight, returned when
+	// it ends (done). A body handed to a goroutine (goServe) is never
+	// returned: what runs there, net/http's transport included, may hold
+	// it past the response. On the loop, nothing refers to a body once
+	// its request has ended: Parse copies what it keeps, and every late
+	// event (a dial, a timer) checks that its call has not ended.
+	served *[]byte
 	cancel context.CancelFunc // the context of a request served on a goroutine
 
 	// One timer bounds the reads: the idle wait for a request, its
@@ -524,7 +534,7 @@ func (cc *clientConn) serve() {
 				cc.plainError(status)
 				return
 			}
-			cc.head, cc.body, cc.continued, cc.tooLarge, cc.smuggled = req, nil, false, false, false
+			cc.head, cc.body, cc.bodyBuf, cc.continued, cc.tooLarge, cc.smuggled = req, nil, nil, false, false, false
 			switch {
 			case len(req.TransferEncoding) > 0:
 				cc.bodyLen = -1
@@ -538,7 +548,8 @@ func (cc *clientConn) serve() {
 			default:
 				cc.bodyLen = max(req.ContentLength, 0)
 				if cc.bodyLen > 0 {
-					cc.body = make([]byte, 0, cc.bodyLen)
+					cc.bodyBuf = request.GetBuffer(int(cc.bodyLen))
+					cc.body = (*cc.bodyBuf)[:0]
 				}
 			}
 			cc.arm(readBody, s.r.cfg.BodyReadTimeout)
@@ -548,7 +559,8 @@ func (cc *clientConn) serve() {
 			return
 		}
 		req, body := cc.head, cc.body
-		cc.head, cc.body = nil, nil
+		cc.served = cc.bodyBuf
+		cc.head, cc.body, cc.bodyBuf = nil, nil, nil
 		cc.dispatch(req, body)
 	}
 }
@@ -637,6 +649,10 @@ func (cc *clientConn) checkHead(req *http.Request) (*http.Request, int) {
 	return req, 0
 }
 
+// poisonReleasedBodies overwrites a body's buffer as it returns to the pool
+// (tests: a use after the request ended reads 0xdb, not a stale prompt).
+var poisonReleasedBodies bool
+
 // headerLines counts the header lines of a request's head named name
 // (lower case).
 func headerLines(head []byte, name string) int {
@@ -687,6 +703,16 @@ func (cc *clientConn) done() {
 	}
 	cc.busy = false
 	cc.cur = nil
+	if b := cc.served; b != nil {
+		cc.served = nil
+		if poisonReleasedBodies {
+			all := (*b)[:cap(*b)]
+			for i := range all {
+				all[i] = 0xdb
+			}
+		}
+		request.PutBuffer(b)
+	}
 	if cc.cancel != nil {
 		cc.cancel()
 		cc.cancel = nil
@@ -708,6 +734,7 @@ func (cc *clientConn) done() {
 // goServe serves req with serve on a goroutine; its response is written
 // through the loop, and the loop reads on once it ends.
 func (cc *clientConn) goServe(req *http.Request, body []byte, serve func(http.ResponseWriter, *http.Request)) {
+	cc.served = nil // the goroutine may hold the body past the response: never reused
 	ctx, cancel := context.WithCancel(context.Background())
 	cc.cancel = cancel
 	req = req.WithContext(ctx)

@@ -9,7 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -397,6 +399,51 @@ func TestCutResponsesEndInFlight(t *testing.T) {
 	for _, st := range d.r.cfg.Fleet.Status() {
 		if st.InFlight != 0 {
 			t.Fatalf("cluster %s: %d requests still in flight after both ended", st.Cluster, st.InFlight)
+		}
+	}
+}
+
+// The loops read bodies into reused buffers: a request sends Tier-1
+// exactly its own body, never what a longer one before it left in the
+// buffer, and a body handed to a goroutine (a token not yet verified) is
+// not reused under it.
+func TestLoopServerReusedBodies(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, string(b))
+		mu.Unlock()
+		usageUpstream(w, r)
+	}))
+	defer up.Close()
+	d, _ := loopDoor(t, up.URL)
+	addr := strings.TrimPrefix(d.url, "http://")
+	a, b := d.token(t, "team", nil), d.token(t, "support", nil)
+	long := `{"model":"chat-model","prompt":"` + strings.Repeat("secret of team ", 1000) + `"}`
+	short := `{"model":"chat-model","prompt":"hello"}`
+	post := func(tok, body string) string {
+		return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + tok + "\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}
+	// One connection: the first of each token goes to a goroutine (its
+	// verification), the rest are served on the loop, in turn.
+	rs := rawExchange(t, addr, post(a, long)+post(a, long)+post(b, short)+post(b, short)+post(a, long), 5)
+	for i, r := range rs {
+		if r.StatusCode != 200 {
+			t.Fatalf("response %d: %d %s", i, r.StatusCode, body(t, r))
+		}
+		body(t, r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{long, long, short, short, long}
+	if len(got) != len(want) {
+		t.Fatalf("Tier-1 got %d requests, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("request %d reached Tier-1 as %.80q…, want %.80q…", i, got[i], want[i])
 		}
 	}
 }
