@@ -145,7 +145,9 @@ func (a *Authenticator) remember(token string, c *Caller, exp time.Time) {
 	if a.cur == nil || len(a.cur) >= size {
 		a.old, a.cur = a.cur, make(map[string]cachedCaller, size/4)
 	}
-	a.cur[token] = cachedCaller{c: *c, until: until}
+	// A copy: the token may be a substring of a whole request head (the
+	// loops' parser), which the cache would otherwise keep alive.
+	a.cur[strings.Clone(token)] = cachedCaller{c: *c, until: until}
 }
 
 // Authenticate verifies an Authorization header value ("Bearer <jwt>").

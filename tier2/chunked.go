@@ -140,10 +140,11 @@ var errResponseHead = errors.New("malformed response head")
 // the attempt fails, as it would on a malformed response.
 func parseResponseHead(b []byte, keys map[string]string) (upstreamHead, error) {
 	h := upstreamHead{length: -1}
-	line, rest, ok := bytes.Cut(b, []byte("\r\n"))
-	if !ok || len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
+	i := bytes.Index(b, []byte("\r\n"))
+	if i < 12 || !bytes.HasPrefix(b, []byte("HTTP/1.")) || b[8] != ' ' {
 		return h, errResponseHead
 	}
+	line := b[:i]
 	minor := line[7]
 	if minor != '0' && minor != '1' {
 		return h, errResponseHead
@@ -162,29 +163,33 @@ func parseResponseHead(b []byte, keys map[string]string) (upstreamHead, error) {
 	if h.status < 100 {
 		return h, errResponseHead
 	}
+	// The header lines are copied once; every value is a substring.
+	rest := string(b[i+2:])
 	h.header = make(http.Header, 8)
+	var vals []string // the first values' slices, one array
+	nvals := 0
 	for {
-		line, rest, ok = bytes.Cut(rest, []byte("\r\n"))
+		line, r, ok := strings.Cut(rest, "\r\n")
 		if !ok {
 			return h, errResponseHead
 		}
+		rest = r
 		if len(line) == 0 {
 			break
 		}
-		k, v, found := bytes.Cut(line, []byte(":"))
-		if !found || len(k) == 0 || line[0] == ' ' || line[0] == '\t' || !httpguts.ValidHeaderFieldName(string(k)) {
+		k, v, found := strings.Cut(line, ":")
+		if !found || len(k) == 0 || line[0] == ' ' || line[0] == '\t' || !httpguts.ValidHeaderFieldName(k) {
 			return h, errResponseHead
 		}
-		v = bytes.Trim(v, " \t")
-		key, ok := keys[string(k)]
+		key, ok := keys[k]
 		if !ok {
-			key = textproto.CanonicalMIMEHeaderKey(string(k))
+			key = strings.Clone(textproto.CanonicalMIMEHeaderKey(k)) // kept in keys: not the head's
 			if len(keys) < 256 {
 				keys[key] = key
-				keys[string(k)] = key
+				keys[strings.Clone(k)] = key
 			}
 		}
-		val := string(v)
+		val := strings.Trim(v, " \t")
 		if !httpguts.ValidHeaderFieldValue(val) {
 			return h, errResponseHead
 		}
@@ -207,7 +212,16 @@ func parseResponseHead(b []byte, keys map[string]string) (upstreamHead, error) {
 				h.close = false
 			}
 		}
-		h.header[key] = append(h.header[key], val)
+		if vals == nil {
+			vals = make([]string, 8)
+		}
+		if vs := h.header[key]; len(vs) > 0 || nvals == len(vals) {
+			h.header[key] = append(vs, val)
+		} else {
+			vals[nvals] = val
+			h.header[key] = vals[nvals : nvals+1 : nvals+1]
+			nvals++
+		}
 	}
 	switch {
 	case h.status < 200 || h.status == http.StatusNoContent || h.status == http.StatusNotModified:
@@ -225,59 +239,67 @@ func parseResponseHead(b []byte, keys map[string]string) (upstreamHead, error) {
 // no folded lines. For anything else ok is false and net/http's parser
 // reads the head, so what is accepted here is read exactly as it would
 // read it (TestParseRequestHead compares the two).
+//
+// The head is copied once: the path and every value are substrings of
+// that copy, and the request, its URL and the first values' slices are
+// one allocation (a value kept past the request pins the head, at most
+// MaxHeaderBytes: what is kept for long, such as a cached token, is
+// cloned by its keeper).
 func parseRequestHead(b []byte, keys map[string]string) (req *http.Request, ok bool) {
-	line, rest, found := bytes.Cut(b, []byte("\r\n"))
+	text := string(b)
+	line, rest, found := strings.Cut(text, "\r\n")
 	if !found {
 		return nil, false
 	}
 	var method string
 	switch {
-	case bytes.HasPrefix(line, []byte("POST ")):
+	case strings.HasPrefix(line, "POST "):
 		method, line = http.MethodPost, line[5:]
-	case bytes.HasPrefix(line, []byte("GET ")):
+	case strings.HasPrefix(line, "GET "):
 		method, line = http.MethodGet, line[4:]
 	default:
 		return nil, false
 	}
-	target, proto, found := bytes.Cut(line, []byte(" "))
-	if !found || string(proto) != "HTTP/1.1" || len(target) == 0 || target[0] != '/' {
+	path, proto, found := strings.Cut(line, " ")
+	if !found || proto != "HTTP/1.1" || len(path) == 0 || path[0] != '/' {
 		return nil, false
 	}
-	for _, ch := range target {
-		if !plainPathByte(ch) {
+	for i := 0; i < len(path); i++ {
+		if !plainPathByte(path[i]) {
 			return nil, false
 		}
 	}
-	path := string(target)
-	req = &http.Request{Method: method, URL: &url.URL{Path: path}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+	h := new(parsedRequest)
+	h.url.Path = path
+	req = &h.req
+	*req = http.Request{Method: method, URL: &h.url, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: make(http.Header, 8), RequestURI: path, Body: http.NoBody}
-	hosts := 0
+	hosts, nvals := 0, 0
 	for {
-		line, rest, found = bytes.Cut(rest, []byte("\r\n"))
+		line, rest, found = strings.Cut(rest, "\r\n")
 		if !found {
 			return nil, false
 		}
 		if len(line) == 0 {
 			break
 		}
-		k, v, found := bytes.Cut(line, []byte(":"))
+		k, v, found := strings.Cut(line, ":")
 		if !found || len(k) == 0 {
 			return nil, false
 		}
-		for _, ch := range k {
-			if !httpguts.IsTokenRune(rune(ch)) {
+		for i := 0; i < len(k); i++ {
+			if !httpguts.IsTokenRune(rune(k[i])) {
 				return nil, false
 			}
 		}
-		key, known := keys[string(k)]
+		key, known := keys[k]
 		if !known {
-			key = textproto.CanonicalMIMEHeaderKey(string(k))
+			key = strings.Clone(textproto.CanonicalMIMEHeaderKey(k)) // kept in keys: not the head's
 			if len(keys) < 256 {
-				keys[string(k)] = key
+				keys[strings.Clone(k)] = key
 			}
 		}
-		v = bytes.Trim(v, " \t")
-		val := string(v)
+		val := strings.Trim(v, " \t")
 		if !httpguts.ValidHeaderFieldValue(val) {
 			return nil, false
 		}
@@ -290,8 +312,8 @@ func parseRequestHead(b []byte, keys map[string]string) (req *http.Request, ok b
 			if len(req.Header["Content-Length"]) > 0 || len(val) == 0 || len(val) > 18 {
 				return nil, false
 			}
-			for _, ch := range v {
-				if ch < '0' || ch > '9' {
+			for i := 0; i < len(val); i++ {
+				if val[i] < '0' || val[i] > '9' {
 					return nil, false
 				}
 			}
@@ -303,12 +325,26 @@ func parseRequestHead(b []byte, keys map[string]string) (req *http.Request, ok b
 				req.Close = true
 			}
 		}
-		req.Header[key] = append(req.Header[key], val)
+		if vs := req.Header[key]; len(vs) > 0 || nvals == len(h.vals) {
+			req.Header[key] = append(vs, val)
+		} else {
+			h.vals[nvals] = val
+			req.Header[key] = h.vals[nvals : nvals+1 : nvals+1]
+			nvals++
+		}
 	}
 	if hosts != 1 || !httpguts.ValidHostHeader(req.Host) {
 		return nil, false
 	}
 	return req, true // the body is the caller's to set
+}
+
+// parsedRequest is a request parseRequestHead read, its URL and its first
+// header values, allocated together.
+type parsedRequest struct {
+	req  http.Request
+	url  url.URL
+	vals [12]string
 }
 
 // plainPathByte: a byte of a path that needs no unescaping or cleaning.

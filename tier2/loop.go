@@ -377,6 +377,12 @@ type clientConn struct {
 	served *[]byte
 	cancel context.CancelFunc // the context of a request served on a goroutine
 
+	// The watchdog timer of the calls served on the loop, one per
+	// connection (a call's own would be made and dropped per request):
+	// it fires the watchdog of the call in flight.
+	watchT   *time.Timer
+	watching atomic.Pointer[watchdog]
+
 	// One timer bounds the reads: the idle wait for a request, its
 	// headers, its body. gen tells a firing from an earlier arming.
 	timer *time.Timer
@@ -446,6 +452,9 @@ func (cc *clientConn) gone() {
 	cc.closed = true
 	if cc.timer != nil {
 		cc.timer.Stop()
+	}
+	if cc.watchT != nil {
+		cc.watchT.Stop()
 	}
 	if cc.cur != nil {
 		cc.cur.callerGone()

@@ -46,7 +46,7 @@ func (s *LoopServer) inference(cc *clientConn, req *http.Request, raw []byte) {
 	stripInternal(req.Header)
 	st := r.snap.Load()
 	c := &call{start: r.cfg.Now()}
-	lc := &loopCall{s: s, r: r, st: st, cc: cc, c: c, req: req, h: http.Header{}}
+	lc := &loopCall{s: s, r: r, st: st, cc: cc, c: c, req: req, h: make(http.Header, 16)} // sized for the rate-limit, upstream and routing headers: no growth
 	// The stages, as serveStages runs them, each deciding at once.
 	var e *request.APIError
 	if auth == nil {
@@ -332,6 +332,7 @@ func (lc *loopCall) connect(t regions.Target, fresh bool) {
 		up = pool.get(a.hostport, time.Now())
 	}
 	lc.stale = up != nil
+	lc.cc.watch(&lc.c.watch)
 	lc.c.watch.arm(lc.r.headerTimeout(lc.c), lc.timeoutFunc())
 	if up != nil {
 		up.owner = lc
@@ -366,6 +367,23 @@ func (lc *loopCall) connect(t regions.Target, fresh bool) {
 			}))
 		}
 	}()
+}
+
+// watch lends w the connection's watchdog timer (made on first use),
+// unless w has its own.
+func (cc *clientConn) watch(w *watchdog) {
+	if w.t != nil {
+		return
+	}
+	if cc.watchT == nil {
+		cc.watchT = time.AfterFunc(time.Duration(1<<62), func() {
+			if w := cc.watching.Load(); w != nil {
+				w.fire() // a firing meant for an earlier call finds this one's limits and re-arms
+			}
+		})
+	}
+	w.t = cc.watchT
+	cc.watching.Store(w)
 }
 
 // timeoutFunc is the watchdog's cancel for the current attempt: the loop
