@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meridian-router/meridian/internal/labelcache"
 )
 
 // Metrics are the admission metrics of every Gate in a process. Create one
@@ -82,6 +84,15 @@ type poolMetrics struct {
 	shed       [numBands][numReasons]prometheus.Counter
 	spilled    [numBands]prometheus.Counter
 	saturation prometheus.Gauge
+
+	// The children counted on every queued request.
+	queuedBy labelcache.Cache[bandTenant, prometheus.Gauge]
+	waitBy   labelcache.Cache[bandTenant, prometheus.Observer]
+}
+
+type bandTenant struct {
+	band   Band
+	tenant string
 }
 
 func (m *Metrics) pool(name string) *poolMetrics {
@@ -107,7 +118,9 @@ func (m *Metrics) pool(name string) *poolMetrics {
 func (pm *poolMetrics) admitted(b Band, tenant string, waited time.Duration) {
 	if pm != nil {
 		pm.decisions[b].Inc()
-		pm.wait.WithLabelValues(b.String(), tenant).Observe(waited.Seconds())
+		pm.waitBy.Get(bandTenant{b, tenant}, func() prometheus.Observer {
+			return pm.wait.WithLabelValues(b.String(), tenant)
+		}).Observe(waited.Seconds())
 	}
 }
 
@@ -127,7 +140,9 @@ func (pm *poolMetrics) spill(b Band) {
 
 func (pm *poolMetrics) queue(b Band, tenant string, delta float64) {
 	if pm != nil {
-		pm.queued.WithLabelValues(b.String(), tenant).Add(delta)
+		pm.queuedBy.Get(bandTenant{b, tenant}, func() prometheus.Gauge {
+			return pm.queued.WithLabelValues(b.String(), tenant)
+		}).Add(delta)
 	}
 }
 

@@ -166,7 +166,7 @@ func (r *Router) served(c *call, first, t regions.Target) {
 // finished counts a relayed response.
 func (r *Router) finished(st *state, c *call, t regions.Target, code int) {
 	r.cfg.Fleet.End(t, regions.Success)
-	r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), t.Region, t.Cluster, statusLabel(code)).Inc()
+	r.m.request(requestLabels{st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), t.Region, t.Cluster, statusLabel(code)}).Inc()
 }
 
 // exhausted is the answer when no cluster served the request (last: the
@@ -184,7 +184,7 @@ func (r *Router) exhausted(st *state, c *call, last *attemptErr) *request.APIErr
 			Message: fmt.Sprintf("no cluster serving %q answered within %s", c.resolved.Target, r.headerTimeout(c))}
 	}
 	r.m.rejected.WithLabelValues(st.tenantLabel(c.caller.Tenant), c.band.String(), e.Code).Inc()
-	r.m.requests.WithLabelValues(st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), "", "", fmt.Sprint(e.Status)).Inc()
+	r.m.request(requestLabels{st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), "", "", statusLabel(e.Status)}).Inc()
 	return e
 }
 
@@ -336,7 +336,7 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	markFirst := func(streamed string) {
 		if !first {
 			first = true
-			r.m.ttft.WithLabelValues(c.resolved.Public, c.resolved.Target, streamed).Observe(r.cfg.Now().Sub(c.start).Seconds())
+			r.m.firstByte(ttftLabels{c.resolved.Public, c.resolved.Target, streamed}).Observe(r.cfg.Now().Sub(c.start).Seconds())
 		}
 	}
 	rc := http.NewResponseController(w)
@@ -595,7 +595,7 @@ func (r *Router) settle(c *call, used int64) {
 		used = c.promptTokens
 	}
 	if c.caller != nil {
-		r.m.charged.WithLabelValues(c.chargeLabel).Add(float64(used))
+		r.m.charge(c.chargeLabel).Add(float64(used))
 	}
 	if r.cfg.Limiter == nil || !c.rl.Allowed {
 		return

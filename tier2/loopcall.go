@@ -723,7 +723,7 @@ func (lc *loopCall) markFirst(streamed string) {
 	if !lc.first {
 		lc.first = true
 		c := lc.c
-		lc.r.m.ttft.WithLabelValues(c.resolved.Public, c.resolved.Target, streamed).Observe(lc.r.cfg.Now().Sub(c.start).Seconds())
+		lc.r.m.firstByte(ttftLabels{c.resolved.Public, c.resolved.Target, streamed}).Observe(lc.r.cfg.Now().Sub(c.start).Seconds())
 	}
 }
 

@@ -1,6 +1,10 @@
 package tier2
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meridian-router/meridian/internal/labelcache"
+)
 
 // Metrics are Tier-2's own series (docs/metrics.md).
 type Metrics struct {
@@ -15,6 +19,11 @@ type Metrics struct {
 	members         *prometheus.GaugeVec
 	digestAge       *prometheus.GaugeVec
 	charged         *prometheus.CounterVec
+
+	// Children of the series counted on every request.
+	requestsBy labelcache.Cache[requestLabels, prometheus.Counter]
+	ttftBy     labelcache.Cache[ttftLabels, prometheus.Observer]
+	chargedBy  labelcache.Cache[string, prometheus.Counter]
 }
 
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -52,4 +61,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.ejections, m.ejected, m.members, m.digestAge, m.charged)
 	}
 	return m
+}
+
+type requestLabels struct{ model, target, region, cluster, code string }
+
+type ttftLabels struct{ model, target, stream string }
+
+// request is requests' child for l.
+func (m *Metrics) request(l requestLabels) prometheus.Counter {
+	return m.requestsBy.Get(l, func() prometheus.Counter {
+		return m.requests.WithLabelValues(l.model, l.target, l.region, l.cluster, l.code)
+	})
+}
+
+// firstByte is ttft's child for l.
+func (m *Metrics) firstByte(l ttftLabels) prometheus.Observer {
+	return m.ttftBy.Get(l, func() prometheus.Observer { return m.ttft.WithLabelValues(l.model, l.target, l.stream) })
+}
+
+// charge is charged's child for tenant.
+func (m *Metrics) charge(tenant string) prometheus.Counter {
+	return m.chargedBy.Get(tenant, func() prometheus.Counter { return m.charged.WithLabelValues(tenant) })
 }

@@ -458,7 +458,7 @@ func (r *Router) reject(st *state, c *call, e *request.APIError, w http.Response
 	if c.body != nil {
 		model = st.modelLabel(c.body.Model)
 	}
-	r.m.requests.WithLabelValues(model, st.modelLabel(c.resolved.Target), "", "", statusLabel(e.Status)).Inc()
+	r.m.request(requestLabels{model, st.modelLabel(c.resolved.Target), "", "", statusLabel(e.Status)}).Inc()
 	e.Write(w)
 }
 
