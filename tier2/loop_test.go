@@ -447,3 +447,45 @@ func TestLoopServerReusedBodies(t *testing.T) {
 		}
 	}
 }
+
+// The calls on a connection share its watchdog timer: a stream that goes
+// quiet is ended with its error event whether it is the connection's
+// first request or a later one (the timer stopped by the request before
+// is armed again). The idle limit is 50 ms of real time; the upstream
+// holds the quiet stream open until the test ends, so the only way the
+// response can end is the watchdog.
+func TestLoopServerWatchdogAcrossRequests(t *testing.T) {
+	var calls atomic.Int32
+	stop := make(chan struct{}) // a quiet stream the watchdog missed ends with the test
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Write([]byte(`data: {"id":"c","model":"chat-model","choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\n"))
+		if calls.Add(1)%2 == 1 { // every other stream ends; the rest go quiet
+			w.Write([]byte("data: [DONE]\n\n"))
+			return
+		}
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	defer up.Close()
+	defer close(stop)
+	d := newDoorRouter(t, func(c *Config) { c.StreamIdleTimeout = 50 * time.Millisecond }, up.URL)
+	_, addr := startLoopServer(t, d.r, d.r.Handler(), nil)
+	tok := d.token(t, "team", nil)
+	chat := `{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"x"}]}`
+	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + tok + "\r\nContent-Length: " + strconv.Itoa(len(chat)) + "\r\n\r\n" + chat
+	// The first request of a token is verified on a goroutine: the loop
+	// serves the next ones, on one connection.
+	rs := rawExchange(t, addr, req+req+req+req+req, 5)
+	for i, r := range rs {
+		b := body(t, r)
+		ended, quiet := strings.Contains(b, "data: [DONE]"), strings.Contains(b, "stream_idle_timeout")
+		if r.StatusCode != 200 || ended == quiet {
+			t.Errorf("response %d: %d, [DONE] %v, idle error %v: %q", i, r.StatusCode, ended, quiet, b)
+		}
+	}
+}
