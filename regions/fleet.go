@@ -118,6 +118,7 @@ type cluster struct {
 // per-cluster atomics.
 type view struct {
 	byModel    map[string]*modelView
+	digests    map[string][]heldDigest // by model and adapter name, ordered by key (EachDigest)
 	maxTargets int
 	loadFactor float64
 	loadFloor  float64
@@ -133,6 +134,12 @@ type modelView struct {
 	ring  []ringPoint
 	// members is the cluster sequence the ring was built for.
 	members []*cluster
+}
+
+// heldDigest is a fresh digest as the view saw it, until it expires.
+type heldDigest struct {
+	d       Digest
+	expires int64 // Unix ns: when the store stops holding it fresh
 }
 
 type candidate struct {
@@ -208,6 +215,29 @@ func (f *Fleet) apply(cfg Config, oldProx *Proximity) {
 	}
 	f.clusters = next
 	f.rebuildLocked()
+}
+
+// EachDigest calls fn with every fresh digest of a pool serving model (as
+// its base model or one of its adapters), ordered by key as
+// DigestStore.Digests orders them. It reads the view the last change of
+// the store built, not the store: no copy, no sort, no lock, and only
+// model's pools, which is what the request path can afford (Digests
+// copies and sorts every pool of every model). fn must not keep d.
+func (f *Fleet) EachDigest(model string, fn func(d *Digest)) {
+	v := f.view.Load()
+	if v == nil {
+		return
+	}
+	ds := v.digests[model]
+	if len(ds) == 0 {
+		return
+	}
+	now := f.now().UnixNano()
+	for i := range ds {
+		if now <= ds[i].expires {
+			fn(&ds[i].d)
+		}
+	}
 }
 
 // Digests returns the store Tier-2 feeds and registers as a gossip
@@ -288,7 +318,16 @@ func (f *Fleet) rebuildLocked() {
 		v.spread = math.Inf(1)
 	}
 	perModel := make(map[string]*modelView)
+	v.digests = make(map[string][]heldDigest)
 	f.store.eachFresh(func(d *Digest, expires time.Time) {
+		hd := heldDigest{d: *d, expires: expires.UnixNano()}
+		for i := -1; i < len(d.Adapters); i++ {
+			name := d.Model
+			if i >= 0 {
+				name = d.Adapters[i]
+			}
+			v.digests[name] = append(v.digests[name], hd)
+		}
 		c := f.clusters[[2]string{d.Region, d.Cluster}]
 		// A cluster whose ready pods all have stale metrics (StalePods,
 		// ReadyPods 0) is blind, not down: a missed scrape is missing
@@ -337,6 +376,9 @@ func (f *Fleet) rebuildLocked() {
 			}
 		}
 	})
+	for _, ds := range v.digests {
+		slices.SortFunc(ds, func(a, b heldDigest) int { return compareKeys(&a.d, &b.d) })
+	}
 	for name, mv := range perModel {
 		// A stable order (by Region, then name) lets the ring be reused.
 		sortCandidates(mv.cands)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -823,5 +824,89 @@ func TestRegionOutageFailover(t *testing.T) {
 		st := f.Status()
 		t.Logf("readmission probes to the dead Region over 10 s: %d of 2000 requests; ejections of use1-a, use1-b: %d, %d",
 			probes, st[2].Ejections, st[3].Ejections)
+	})
+}
+
+// EachDigest lists what Digests lists of one model's pools (by base model
+// or adapter, clusters outside the topology and pools without pods
+// included), in the same order, and stops listing a digest when the store
+// would stop holding it fresh, without a rebuild.
+func TestEachDigestMatchesDigests(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lora := pool("eu-west-1", "b", "llama")
+		lora.Adapters = []string{"claims"}
+		empty := pool("us-east-1", "c", "llama")
+		empty.ReadyPods, empty.TotalPods = 0, 0
+		stranger := pool("ap-south-1", "z", "llama") // no such cluster in the topology
+		f := newFleet(t, Config{Clusters: []Cluster{{Region: "us-east-1", Name: "a", Tier1: "http://a"},
+			{Region: "eu-west-1", Name: "b", Tier1: "http://b"}, {Region: "us-east-1", Name: "c", Tier1: "http://c"}}},
+			pool("us-east-1", "a", "llama"), lora, empty, pool("us-east-1", "a", "mistral"))
+		if ok, err := f.Digests().Put(stranger); !ok || err != nil {
+			t.Fatalf("Put(stranger) = %v, %v", ok, err)
+		}
+		each := func(model string) []string {
+			var out []string
+			f.EachDigest(model, func(d *Digest) { out = append(out, d.Key().String()) })
+			return out
+		}
+		listed := func(model string) []string {
+			var out []string
+			for _, d := range f.Digests().Digests() {
+				if d.Model == model || slices.Contains(d.Adapters, model) {
+					out = append(out, d.Key().String())
+				}
+			}
+			return out
+		}
+		for _, m := range []string{"llama", "claims", "mistral", "none"} {
+			if got, want := each(m), listed(m); !slices.Equal(got, want) {
+				t.Errorf("EachDigest(%q) = %v, Digests lists %v", m, got, want)
+			}
+		}
+		if n := len(each("llama")); n != 4 {
+			t.Fatalf("EachDigest(llama) lists %d pools, want 4", n)
+		}
+		time.Sleep(5*time.Second + time.Nanosecond) // past DigestMaxAge: every digest goes stale
+		if got := each("llama"); len(got) != 0 {
+			t.Errorf("after DigestMaxAge, EachDigest(llama) = %v, want none (Digests lists %v)", got, listed("llama"))
+		}
+	})
+}
+
+// BenchmarkModelDigests is how admission reads one model's pools per
+// request: EachDigest against filtering Digests (which copies and sorts
+// every pool of every model), for 30 clusters serving 10 models.
+func BenchmarkModelDigests(b *testing.B) {
+	regions := []string{"us-east-1", "eu-west-1", "ap-south-1"}
+	var ds []Digest
+	for i := range 30 {
+		for m := range 10 {
+			ds = append(ds, pool(regions[i%3], fmt.Sprintf("c%02d", i), fmt.Sprintf("model-%d", m)))
+		}
+	}
+	f := newFleet(b, Config{DigestMaxAge: time.Hour}, ds...)
+	b.Run("EachDigest", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			n := 0
+			f.EachDigest("model-3", func(d *Digest) { n += d.ReadyPods })
+			if n != 30*4 {
+				b.Fatalf("%d ready pods", n)
+			}
+		}
+	})
+	b.Run("Digests", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			n := 0
+			for _, d := range f.Digests().Digests() {
+				if d.Model == "model-3" || slices.Contains(d.Adapters, "model-3") {
+					n += d.ReadyPods
+				}
+			}
+			if n != 30*4 {
+				b.Fatalf("%d ready pods", n)
+			}
+		}
 	})
 }

@@ -166,10 +166,13 @@ func (s *DigestStore) Digests() []Digest {
 		}
 	}
 	s.mu.Unlock()
-	slices.SortFunc(out, func(a, b Digest) int {
-		return cmp.Or(cmp.Compare(a.Region, b.Region), cmp.Compare(a.Cluster, b.Cluster), cmp.Compare(a.Pool, b.Pool))
-	})
+	slices.SortFunc(out, func(a, b Digest) int { return compareKeys(&a, &b) })
 	return out
+}
+
+// compareKeys orders digests by Region, cluster and pool.
+func compareKeys(a, b *Digest) int {
+	return cmp.Or(cmp.Compare(a.Region, b.Region), cmp.Compare(a.Cluster, b.Cluster), cmp.Compare(a.Pool, b.Pool))
 }
 
 // eachFresh calls f with every fresh digest and the time it goes stale,

@@ -178,11 +178,12 @@ func (a *Admission) saturation(model, region string, local bool) priority.Satura
 func (a *Admission) saturationVersion(model, region string, local bool) (priority.Saturation, uint64) {
 	th := a.thresholds()
 	now := time.Now()
-	var pools []priority.Saturation
+	var buf [8]priority.Saturation
+	pools := buf[:0]
 	var version uint64
-	for _, d := range a.Fleet.Digests().Digests() {
-		if (d.Region == region) != local || !servesModel(d, model) {
-			continue
+	a.Fleet.EachDigest(model, func(d *regions.Digest) {
+		if (d.Region == region) != local {
+			return
 		}
 		s := th.Digest(digestSaturation(d, th), now.Sub(d.Produced))
 		version = version*31 + uint64(d.Produced.UnixNano()) + d.Version
@@ -190,7 +191,7 @@ func (a *Admission) saturationVersion(model, region string, local bool) (priorit
 			version++
 		}
 		pools = append(pools, s)
-	}
+	})
 	return priority.Combine(pools...), version
 }
 
@@ -242,27 +243,16 @@ func (a *Admission) otherRegionHasHeadroom(model string, limit float64) bool {
 func (a *Admission) localClusterHasHeadroom(model string) bool {
 	th := a.thresholds()
 	now := time.Now()
-	for _, d := range a.Fleet.Digests().Digests() {
-		if d.Region != a.Region || !servesModel(d, model) {
-			continue
+	headroom := false
+	a.Fleet.EachDigest(model, func(d *regions.Digest) {
+		if d.Region != a.Region || headroom {
+			return
 		}
 		if s := th.Digest(digestSaturation(d, th), now.Sub(d.Produced)); s.Known() && !s.Saturated() {
-			return true
+			headroom = true
 		}
-	}
-	return false
-}
-
-func servesModel(d regions.Digest, model string) bool {
-	if d.Model == model {
-		return true
-	}
-	for _, ad := range d.Adapters {
-		if ad == model {
-			return true
-		}
-	}
-	return false
+	})
+	return headroom
 }
 
 // digestSaturation is a pool's saturation from its digest: what its Tier-1
@@ -271,7 +261,7 @@ func servesModel(d regions.Digest, model string) bool {
 // with no fresh pod) is approximated from the pool's mean queue per ready
 // pod against the queue threshold, or its mean KV use against the KV
 // threshold, whichever is fuller.
-func digestSaturation(d regions.Digest, th priority.Thresholds) priority.Saturation {
+func digestSaturation(d *regions.Digest, th priority.Thresholds) priority.Saturation {
 	if d.FreshPods > 0 {
 		return priority.Saturation{Value: d.Saturation, PerRequest: 1 / (float64(d.FreshPods) * th.Queue),
 			Fresh: d.FreshPods, Stale: d.StalePods}
