@@ -556,10 +556,7 @@ func (cc *clientConn) serve() {
 				cc.bodyLen, cc.tooLarge = 0, true // refused unread, after authentication
 			default:
 				cc.bodyLen = max(req.ContentLength, 0)
-				if cc.bodyLen > 0 {
-					cc.bodyBuf = request.GetBuffer(int(cc.bodyLen))
-					cc.body = (*cc.bodyBuf)[:0]
-				}
+				cc.startBody()
 			}
 			cc.arm(readBody, s.r.cfg.BodyReadTimeout)
 			continue
@@ -580,6 +577,9 @@ func (cc *clientConn) readBody(buf []byte) bool {
 	if cc.bodyLen >= 0 {
 		need := int(cc.bodyLen) - len(cc.body)
 		n := min(need, len(buf))
+		if len(cc.body)+n > cap(cc.body) {
+			cc.growBody(len(cc.body) + n)
+		}
 		cc.body = append(cc.body, buf[:n]...)
 		cc.consume(n)
 		if n < need {
@@ -603,6 +603,38 @@ func (cc *clientConn) readBody(buf []byte) bool {
 		return false
 	}
 	return true
+}
+
+// bodyStart is the most a body's buffer holds before its bytes arrive.
+// The body is read before the request is authenticated (the stages run on
+// the whole request): a buffer of the announced length would let anyone
+// make Tier-2 hold 4 MiB per connection for the price of a header line.
+const bodyStart = 64 << 10
+
+// startBody makes room for what arrives first of a body of known length;
+// more comes as more arrives (growBody).
+func (cc *clientConn) startBody() {
+	if cc.bodyLen > 0 {
+		cc.bodyBuf = request.GetBuffer(int(min(cc.bodyLen, bodyStart)))
+		cc.body = (*cc.bodyBuf)[:0]
+	}
+}
+
+// growBody moves the body into a pooled buffer for at least want bytes:
+// four times want, up to the announced length. What a body holds is so
+// at most four times what its caller sent (and bodyStart), and a long
+// prompt moves once or twice (a 220 KB one, once: 64 KiB).
+func (cc *clientConn) growBody(want int) {
+	size := int(cc.bodyLen)
+	if want <= size/4 {
+		size = 4 * want
+	}
+	nb := request.GetBuffer(size)
+	*nb = append((*nb)[:0], cc.body...)
+	if cc.bodyBuf != nil {
+		request.PutBuffer(cc.bodyBuf) // nothing else refers to it: the request is still being read
+	}
+	cc.bodyBuf, cc.body = nb, *nb
 }
 
 // continueBody answers a caller waiting for 100 Continue.

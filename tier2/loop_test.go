@@ -489,3 +489,54 @@ func TestLoopServerWatchdogAcrossRequests(t *testing.T) {
 		}
 	}
 }
+
+// A body's buffer grows with what its caller sent, not with what it
+// announced (the body is read before the request is authenticated): four
+// times what arrived at most, past the first bodyStart bytes; the bytes
+// come out as they went in, and a 220 KB prompt read in 64 KiB pieces
+// moves once.
+func TestBodyBufferGrowsWithWhatArrives(t *testing.T) {
+	read := func(announced int, pieces ...int) (cc *clientConn, caps []int) {
+		cc = &clientConn{bodyLen: int64(announced), head: &http.Request{ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{}}}
+		cc.startBody()
+		caps = append(caps, cap(cc.body))
+		sent := 0
+		for _, n := range pieces {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = byte(sent + i)
+			}
+			sent += n
+			cc.pre = b
+			cc.readBody(b)
+			if cap(cc.body) != caps[len(caps)-1] {
+				caps = append(caps, cap(cc.body))
+			}
+			if got := cap(cc.body); got > max(bodyStart, 8*sent) { // 4×, and a pooled size rounds up at most 2×
+				t.Fatalf("announced %d, sent %d: the buffer holds %d", announced, sent, got)
+			}
+		}
+		for i, c := range cc.body {
+			if c != byte(i) {
+				t.Fatalf("announced %d: byte %d is %d, want %d", announced, i, c, byte(i))
+			}
+		}
+		return cc, caps
+	}
+	// Announced 4 MiB, 10 bytes sent: the buffer is bodyStart at most.
+	if _, caps := read(4<<20, 10); caps[0] > bodyStart || len(caps) != 1 {
+		t.Errorf("4 MiB announced, 10 bytes sent: buffers %v", caps)
+	}
+	// Sent in full, in uneven pieces: every byte in place.
+	pieces := []int{10, 65526, 1}
+	for sent := 65537; sent < 4<<20; sent += 70000 {
+		pieces = append(pieces, min(70000, 4<<20-sent))
+	}
+	if cc, _ := read(4<<20, pieces...); len(cc.body) != 4<<20 {
+		t.Errorf("4 MiB sent: %d bytes read", len(cc.body))
+	}
+	// 225,280 bytes in 64 KiB reads: one move, into a buffer that holds it.
+	if cc, caps := read(225280, 65536, 65536, 65536, 28672); len(caps) != 2 || len(cc.body) != 225280 {
+		t.Errorf("225,280 bytes in 64 KiB reads: buffers %v, %d bytes read", caps, len(cc.body))
+	}
+}
