@@ -147,8 +147,10 @@ func Read(r io.Reader, maxBytes int64) (*Body, []byte, error) {
 
 // ReadSized is Read for a body that announces its length (an HTTP
 // Content-Length; ≤ 0 when unknown): a body of that length within the
-// limit is read into one buffer of its size, without the copies of a
-// growing one.
+// limit is read into a buffer that grows to its size, doubling from
+// sizedStart, without the many copies of an unsized one. The buffer is
+// never larger than twice what arrived (and sizedStart): an announced
+// length alone, whose body never comes, holds little.
 func ReadSized(r io.Reader, size, maxBytes int64) (*Body, []byte, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxBytes
@@ -159,9 +161,18 @@ func ReadSized(r io.Reader, size, maxBytes int64) (*Body, []byte, error) {
 	if size <= 0 {
 		return Read(r, maxBytes)
 	}
-	data := make([]byte, size)
-	if _, err := io.ReadFull(r, data); err != nil {
-		return nil, nil, fmt.Errorf("request: reading body: %w", err)
+	data := make([]byte, 0, min(size, sizedStart))
+	for int64(len(data)) < size {
+		if len(data) == cap(data) {
+			grown := make([]byte, len(data), min(size, 2*int64(cap(data))))
+			copy(grown, data)
+			data = grown
+		}
+		n, err := io.ReadFull(r, data[len(data):cap(data)])
+		data = data[:len(data)+n]
+		if err != nil {
+			return nil, nil, fmt.Errorf("request: reading body: %w", err)
+		}
 	}
 	var one [1]byte
 	if n, _ := r.Read(one[:]); n > 0 {
@@ -178,6 +189,9 @@ func ReadSized(r io.Reader, size, maxBytes int64) (*Body, []byte, error) {
 	b, err := Parse(data, maxBytes)
 	return b, data, err
 }
+
+// sizedStart is the buffer ReadSized starts with.
+const sizedStart = 64 << 10
 
 // Parse reads a body of at most maxBytes bytes (DefaultMaxBytes when
 // maxBytes ≤ 0).

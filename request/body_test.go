@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -151,6 +152,49 @@ func TestReadSized(t *testing.T) {
 	if _, _, err := ReadSized(strings.NewReader(body[:50]), n, n); err == nil {
 		t.Fatal("a body shorter than announced was read without an error")
 	}
+	// Long bodies, announced: read whole, in a buffer that grew with them.
+	for _, k := range []int{sizedStart - 40, sizedStart + 1, 3*sizedStart + 7, 1 << 20} {
+		long := `{"model":"m","prompt":"` + strings.Repeat("y", k) + `"}`
+		_, raw, err := ReadSized(strings.NewReader(long), int64(len(long)), DefaultMaxBytes)
+		if err != nil || string(raw) != long {
+			t.Errorf("%d bytes announced and sent: %v, %d bytes read", len(long), err, len(raw))
+		}
+	}
+}
+
+// A length announced alone holds little: ReadSized's buffer is never more
+// than twice what arrived (and its first sizedStart bytes) until the body
+// ends, early or not.
+func TestReadSizedGrowsWithWhatArrives(t *testing.T) {
+	for _, sent := range []int{10, sizedStart + 1, 5 * sizedStart} {
+		r := &capReader{data: bytes.Repeat([]byte("z"), sent)}
+		if _, _, err := ReadSized(r, DefaultMaxBytes, DefaultMaxBytes); err == nil {
+			t.Fatalf("%d of %d bytes sent: no error", sent, DefaultMaxBytes)
+		}
+		if limit := max(sizedStart, 2*sent); r.maxBuf > limit {
+			t.Errorf("%d of %d bytes sent: read into a buffer of %d, want at most %d", sent, DefaultMaxBytes, r.maxBuf, limit)
+		}
+	}
+}
+
+// capReader serves data, then EOF, and notes the largest buffer its
+// reader held: what it had delivered and the room left past p, for a
+// reader that reads each byte into the buffer it grows (ReadSized).
+type capReader struct {
+	data      []byte
+	delivered int
+	maxBuf    int
+}
+
+func (r *capReader) Read(p []byte) (int, error) {
+	r.maxBuf = max(r.maxBuf, r.delivered+cap(p))
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	r.delivered += n
+	return n, nil
 }
 
 // AppendPromptHead is the head of AppendPromptText, for every limit.
