@@ -254,6 +254,12 @@ type Admission struct {
 	CriticalMaxWait Duration `json:"criticalMaxWait,omitempty"`
 	// RetryAfter is the delay a 429 asks for. Default 1s.
 	RetryAfter Duration `json:"retryAfter,omitempty"`
+	// ClusterQueueTime (Tier-2's only: Topology spec.routing.admission)
+	// is how much work, in time at the rate each cluster's Gate lets
+	// requests into its pool, Tier-2 leaves waiting in that Gate before it
+	// holds Critical and Standard requests itself; 0s means none. Unset
+	// means 500ms.
+	ClusterQueueTime *Duration `json:"clusterQueueTime,omitempty"`
 }
 
 // ModelSelector selects pods (Kubernetes or StaticEndpoints) by label.

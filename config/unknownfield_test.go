@@ -35,7 +35,7 @@ spec:
     digestMaxAge: 5s
     retryBudget: {ratio: 0.2, window: 10s, minRetries: 3}
     outlierDetection: {consecutiveFailures: 5, failureRate: 0.5, minRequests: 20, interval: 10s, baseEjection: 2s, maxEjection: 2m, ejectionMemory: 5m, readmitShare: 0.1, readmitStep: 1s}
-    admission: {queueThreshold: 5, kvCacheThreshold: 0.8, staleAfter: 2s, criticalReserve: 0.65, maxQueued: 1000, maxQueuedBytes: 1000000, standardMaxWait: 10s, criticalMaxWait: 30s, retryAfter: 1s}
+    admission: {queueThreshold: 5, kvCacheThreshold: 0.8, staleAfter: 2s, criticalReserve: 0.65, maxQueued: 1000, maxQueuedBytes: 1000000, standardMaxWait: 10s, criticalMaxWait: 30s, retryAfter: 1s, clusterQueueTime: 500ms}
     canaryAnalysis: {period: 5s, window: 1m}
 ---
 apiVersion: meridian.dev/v1alpha1

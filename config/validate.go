@@ -459,6 +459,11 @@ func (b *builder) topology() {
 			}
 		}
 		b.admission(key, "spec.routing.admission", r.Admission)
+		if a := r.Admission; a != nil && a.ClusterQueueTime != nil {
+			if v := *a.ClusterQueueTime; v < 0 || v.D() > time.Minute {
+				b.errf(key, "spec.routing.admission.clusterQueueTime", "must be a duration between 0 and 1m, got %s", v.D())
+			}
+		}
 		if r.DigestMaxAge < 0 || r.DigestMaxAge.D() > time.Hour {
 			b.errf(key, "spec.routing.digestMaxAge", "must be a duration between 0 and 1h, got %s", r.DigestMaxAge.D())
 		}
@@ -688,6 +693,9 @@ func (b *builder) gateway(g *Gateway) {
 			b.errf(key, path+".scoring", "unknown scoring %q; want %q or %q", sc.Scoring, ScoringMeridian, ScoringGIE)
 		}
 		b.admission(key, path+".admission", sc.Admission)
+		if sc.Admission != nil && sc.Admission.ClusterQueueTime != nil {
+			b.errf(key, path+".admission.clusterQueueTime", "is Tier-2's: set it in the Topology's spec.routing.admission (a Tier-1 Gate has no cluster Gate behind it)")
+		}
 		b.schedulerOptions(key, path+".options", sc.Options)
 		policy, ok := b.schedulerPolicy(key, path, sc)
 		if ok {

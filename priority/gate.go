@@ -103,7 +103,8 @@ type Request struct {
 	// Critical or Standard request gets ErrSpill at once so that the caller
 	// can send it to a Region with headroom. Tier-2 sets it when it knows
 	// such a Region; without one it admits again with MaySpill false, so
-	// the request queues here rather than being rejected.
+	// the request queues here rather than being rejected. Such a request
+	// is judged without the observation's Backlog.
 	MaySpill bool
 }
 
@@ -278,6 +279,13 @@ type Gate struct {
 	// counting the ones an observation could not include.
 	granted, seen uint64
 
+	// rate is the admissions per second, smoothed over rateTau and
+	// updated at each observation (AdmitRate); rateAt and rateGranted
+	// are granted as of the last update.
+	rate        float64
+	rateAt      time.Time
+	rateGranted uint64
+
 	bands  [numBands]bandQueue // Sheddable's stays empty
 	queued int
 	bytes  int64
@@ -398,6 +406,7 @@ func (g *Gate) observe(s Saturation, since bool, mark uint64) {
 	g.mu.Lock()
 	g.init()
 	g.obs = s
+	g.updateRate()
 	g.inflight = 0
 	if since {
 		g.inflight = int(g.granted - min(mark, g.granted))
@@ -407,6 +416,30 @@ func (g *Gate) observe(s Saturation, since bool, mark uint64) {
 	g.dispatch(&rel)
 	g.mu.Unlock()
 	rel.run()
+}
+
+// rateTau is the time constant over which AdmitRate smooths.
+const rateTau = 2 * time.Second
+
+// updateRate folds the admissions since the last update into rate.
+func (g *Gate) updateRate() {
+	now := g.clock.Now()
+	if dt := now.Sub(g.rateAt); !g.rateAt.IsZero() && dt > 0 {
+		recent := float64(g.granted-g.rateGranted) / dt.Seconds()
+		g.rate += (1 - math.Exp(-float64(dt)/float64(rateTau))) * (recent - g.rate)
+	}
+	g.rateAt, g.rateGranted = now, g.granted
+}
+
+// AdmitRate is how many requests per second the Gate has let into the
+// pool lately: an exponential average over about two seconds, updated at
+// each observation (Tier-1: each 50 ms scrape). Tier-1 ships it in its
+// health digest; Tier-2 sizes from it the backlog it leaves to the
+// cluster's Gate (tier2.Admission).
+func (g *Gate) AdmitRate() float64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.rate
 }
 
 func (g *Gate) done() { g.finish(false) }
@@ -427,15 +460,36 @@ func (g *Gate) finish(seen bool) {
 
 // headroom reports whether one more request of band b may go to the pool
 // now.
-func (g *Gate) headroom(b Band) bool {
+func (g *Gate) headroom(b Band) bool { return g.headroomFor(Request{Band: b}) }
+
+// headroomFor is headroom for r, which may spill.
+func (g *Gate) headroomFor(r Request) bool {
 	if !g.obs.Known() {
 		return true
 	}
+	obs := g.obs
+	if r.MaySpill {
+		obs.Backlog = 0 // a Region with headroom beats a wait behind this pool
+	}
+	return obs.Value+float64(g.inflight)*obs.PerRequest < g.cfg.limit(r.Band, obs)
+}
+
+// Limit is the saturation below which a pool observed at s has headroom
+// for a request of band b under c: 1 for Critical, 1 − CriticalReserve
+// for the others, plus s.Backlog for all but Sheddable.
+func (c Config) Limit(b Band, s Saturation) float64 {
+	return c.withDefaults().limit(b, s)
+}
+
+func (c Config) limit(b Band, s Saturation) float64 {
 	limit := 1.0
 	if b < Critical {
-		limit -= g.cfg.CriticalReserve
+		limit -= c.CriticalReserve
 	}
-	return g.obs.Value+float64(g.inflight)*g.obs.PerRequest < limit
+	if b > Sheddable && s.Backlog > 0 {
+		limit += s.Backlog
+	}
+	return limit
 }
 
 // Len returns the number of waiting requests.
@@ -522,7 +576,7 @@ func (g *Gate) now(r Request) (t *Ticket, err error, ok bool) {
 	case r.Bytes < 0:
 		g.mu.Unlock()
 		return nil, fmt.Errorf("priority: negative request size %d", r.Bytes), true
-	case g.headroom(b) && g.waiting(b) == 0 && (b != Sheddable || g.obs.Known()):
+	case g.headroomFor(r) && g.waiting(b) == 0 && (b != Sheddable || g.obs.Known()):
 		g.inflight++
 		g.granted++
 		g.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -737,4 +738,71 @@ func TestCriticalReserve(t *testing.T) {
 			g.check(t)
 		})
 	}
+}
+
+// An observation's Backlog lets Critical and Standard requests past the
+// limits by that much (the Gates behind hold them); Sheddable ones and
+// those that may spill are judged on the limits themselves.
+func TestBacklog(t *testing.T) {
+	g := &Gate{}
+	g.Observe(Saturation{Value: 0, PerRequest: 0.05, Fresh: 4, Backlog: 0.4}) // 20 requests' worth; the backlog adds 8
+	o := newOutcome()
+	for i := 0; i < 20; i++ {
+		o.submit(g, fmt.Sprint("std-", i), Request{Tenant: "a", Band: Standard})
+	}
+	if len(o.seq) != 7+8 {
+		t.Fatalf("Standard admitted %d; want 7 below the reserve and 8 of backlog", len(o.seq))
+	}
+	o.submit(g, "shed", Request{Tenant: "b", Band: Sheddable})
+	if r := o.reason(t, "shed"); r != ReasonSaturated {
+		t.Fatalf("Sheddable past the limit, within the backlog: %s", r)
+	}
+	if _, err := g.Admit(context.Background(), Request{Tenant: "c", Band: Standard, MaySpill: true}); !errors.Is(err, ErrSpill) {
+		t.Fatalf("Standard that may spill at 0.75: %v; want ErrSpill (0.35 is its limit without backlog)", err)
+	}
+	for i := 0; i < 20+8-15; i++ {
+		o.submit(g, fmt.Sprint("crit-", i), Request{Tenant: "c", Band: Critical})
+	}
+	if len(o.seq) != 28 {
+		t.Fatalf("%d admitted after Critical arrivals; want the full 20 and 8 of backlog", len(o.seq))
+	}
+	o.submit(g, "crit-wait", Request{Tenant: "c", Band: Critical})
+	if _, released := o.result("crit-wait"); released {
+		t.Fatal("Critical admitted beyond the pool and its backlog")
+	}
+	g.check(t)
+}
+
+// AdmitRate follows what the Gate lets in, observation to observation.
+func TestAdmitRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &Gate{}
+		g.Observe(slots(1000))
+		if r := g.AdmitRate(); r != 0 {
+			t.Fatalf("rate %v before any admission", r)
+		}
+		// 100 admissions every 50 ms for 10 s: 2,000 a second.
+		for range 200 {
+			for range 100 {
+				tk, err := g.Admit(context.Background(), Request{Tenant: "a", Band: Standard})
+				if err != nil {
+					t.Fatal(err)
+				}
+				tk.Done()
+			}
+			time.Sleep(50 * time.Millisecond)
+			g.Observe(slots(1000))
+		}
+		if r := g.AdmitRate(); math.Abs(r-2000) > 20 {
+			t.Fatalf("rate %v; want about 2000 a second", r)
+		}
+		// Nothing for 10 s (five time constants): under 1% remains.
+		for range 200 {
+			time.Sleep(50 * time.Millisecond)
+			g.Observe(slots(1000))
+		}
+		if r := g.AdmitRate(); r > 20 {
+			t.Fatalf("rate %v after 10 s without admissions; want under 20", r)
+		}
+	})
 }

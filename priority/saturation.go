@@ -79,6 +79,19 @@ type Saturation struct {
 	// believed. With StaleIsSaturated, stale pods are counted in Value and
 	// in Fresh as well.
 	Fresh, Stale int
+	// Backlog is how far past its limits the Gate may admit Critical and
+	// Standard requests, in units of Value: the requests that Gates
+	// behind this pool will hold for it (Tier-2 sets it from each
+	// cluster's admission rate; see tier2.Admission). Sheddable requests,
+	// and those that may spill, are judged without it. Tier-1 leaves it
+	// zero: nothing stands behind its Gate but the pods.
+	Backlog float64
+}
+
+// WithoutBacklog is s with no Backlog.
+func (s Saturation) WithoutBacklog() Saturation {
+	s.Backlog = 0
+	return s
 }
 
 // Known reports whether any pod's metrics were believed. A pool with no
@@ -146,7 +159,7 @@ func (t Thresholds) Digest(s Saturation, age time.Duration) Saturation {
 // fresh pods, as if they were one pool.
 func Combine(pools ...Saturation) Saturation {
 	var out Saturation
-	var sum, inv float64
+	var sum, inv, backlog float64 // backlog in requests
 	for _, p := range pools {
 		out.Stale += p.Stale
 		if !p.Known() {
@@ -156,6 +169,7 @@ func Combine(pools ...Saturation) Saturation {
 		sum += p.Value * float64(p.Fresh)
 		if p.PerRequest > 0 {
 			inv += 1 / p.PerRequest
+			backlog += p.Backlog / p.PerRequest
 		}
 	}
 	if out.Fresh == 0 {
@@ -164,6 +178,7 @@ func Combine(pools ...Saturation) Saturation {
 	out.Value = sum / float64(out.Fresh)
 	if inv > 0 {
 		out.PerRequest = 1 / inv
+		out.Backlog = backlog * out.PerRequest
 	}
 	return out
 }

@@ -48,6 +48,13 @@ type Digest struct {
 	// were and were not believed in it; FreshPods 0 means unknown.
 	Saturation           float64
 	FreshPods, StalePods int
+	// GateWaiting is the requests waiting in Tier-1's admission Gate for
+	// the pool: taken in by the cluster but not yet let into the pool, so
+	// not in Saturation. Tier-2 counts them as load (see
+	// priority.Saturation.Backlog). AdmitRate is the requests per second
+	// that Gate let into the pool lately.
+	GateWaiting int
+	AdmitRate   float64
 
 	// Version orders digests of one pool from one producer; Produced is
 	// when the producer computed it, on its clock. Digests order by
@@ -83,6 +90,7 @@ const (
 	maxAdapters    = 64
 	maxHotAdapters = 16
 	maxSaturation  = 1000
+	maxAdmitRate   = 10_000_000 // requests per second
 )
 
 // ErrInvalidDigest is wrapped by every validation and decoding error.
@@ -117,7 +125,7 @@ func (d *Digest) Validate() error {
 		v    int
 	}{{"readyPods", d.ReadyPods}, {"totalPods", d.TotalPods}, {"queueTotal", d.QueueTotal}, {"queueMax", d.QueueMax},
 		{"queueMin", d.QueueMin}, {"running", d.Running}, {"inFlight", d.InFlight},
-		{"freshPods", d.FreshPods}, {"stalePods", d.StalePods}} {
+		{"freshPods", d.FreshPods}, {"stalePods", d.StalePods}, {"gateWaiting", d.GateWaiting}} {
 		if f.v < 0 || f.v > math.MaxInt32 {
 			return bad("%s %d out of range", f.name, f.v)
 		}
@@ -129,6 +137,9 @@ func (d *Digest) Validate() error {
 		if !(f.v >= 0 && f.v <= 1) { // also rejects NaN
 			return bad("%s %v: want a fraction in [0, 1]", f.name, f.v)
 		}
+	}
+	if !(d.AdmitRate >= 0 && d.AdmitRate <= maxAdmitRate) {
+		return bad("admit rate %v: want 0 to %d requests per second", d.AdmitRate, maxAdmitRate)
 	}
 	if !(d.Saturation >= 0 && d.Saturation <= maxSaturation) {
 		return bad("saturation %v: want 0 to %d", d.Saturation, maxSaturation)
@@ -182,7 +193,10 @@ func (d *Digest) appendBinary(b []byte) []byte {
 	// Saturation came later: it trails, and a digest without it decodes.
 	b = binary.AppendUvarint(b, uint64(math.Round(d.Saturation*fracScale)))
 	b = binary.AppendUvarint(b, uint64(d.FreshPods))
-	return binary.AppendUvarint(b, uint64(d.StalePods))
+	b = binary.AppendUvarint(b, uint64(d.StalePods))
+	// So did GateWaiting and AdmitRate (in thousandths).
+	b = binary.AppendUvarint(b, uint64(d.GateWaiting))
+	return binary.AppendUvarint(b, uint64(math.Round(d.AdmitRate*1000)))
 }
 
 // UnmarshalBinary decodes one digest and validates it.
@@ -209,6 +223,10 @@ func (d *Digest) UnmarshalBinary(buf []byte) error {
 		d.Saturation = float64(r.uvarint(maxSaturation*fracScale)) / fracScale
 		d.FreshPods = int(r.uvarint(math.MaxInt32))
 		d.StalePods = int(r.uvarint(math.MaxInt32))
+	}
+	if len(r.buf) > 0 {
+		d.GateWaiting = int(r.uvarint(math.MaxInt32))
+		d.AdmitRate = float64(r.uvarint(maxAdmitRate*1000)) / 1000
 	}
 	if r.err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidDigest, r.err)

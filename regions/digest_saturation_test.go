@@ -17,10 +17,11 @@ func TestDigestSaturation(t *testing.T) {
 		t.Errorf("saturation %v fresh %d stale %d; want 1.37, 8, 2", out.Saturation, out.FreshPods, out.StalePods)
 	}
 
-	// The old encoding ends at Produced: drop the three trailing uvarints
-	// (1.37 × 65,535 takes 3 bytes, 8 and 2 one each).
+	// The old encoding ends at Produced: drop the five trailing uvarints
+	// (1.37 × 65,535 takes 3 bytes, 8, 2 and GateWaiting's and AdmitRate's
+	// zeros one each).
 	var old Digest
-	if err := old.UnmarshalBinary(b[:len(b)-5]); err != nil {
+	if err := old.UnmarshalBinary(b[:len(b)-7]); err != nil {
 		t.Fatalf("digest without saturation: %v", err)
 	}
 	if old.Saturation != 0 || old.FreshPods != 0 || !old.Produced.Equal(in.Produced) {
@@ -32,6 +33,31 @@ func TestDigestSaturation(t *testing.T) {
 		d.Saturation = bad
 		if _, err := d.AppendBinary(nil); !errors.Is(err, ErrInvalidDigest) {
 			t.Errorf("saturation %v: err %v, want ErrInvalidDigest", bad, err)
+		}
+	}
+}
+
+// GateWaiting and AdmitRate came after saturation: they travel, and a
+// digest encoded before them decodes with none waiting and no rate.
+func TestDigestGateWaiting(t *testing.T) {
+	in := sampleDigest()
+	in.Saturation, in.FreshPods, in.GateWaiting, in.AdmitRate = 0.4, 4, 300, 2.5
+	b, out := roundTrip(t, in)
+	if out.GateWaiting != 300 || out.AdmitRate != 2.5 {
+		t.Errorf("gate waiting %d admit rate %v; want 300, 2.5", out.GateWaiting, out.AdmitRate)
+	}
+	var old Digest
+	if err := old.UnmarshalBinary(b[:len(b)-4]); err != nil { // 300 and 2,500 take two bytes each
+		t.Fatalf("digest without gate waiting: %v", err)
+	}
+	if old.GateWaiting != 0 || old.AdmitRate != 0 || old.FreshPods != 4 {
+		t.Errorf("old digest decoded as gate waiting %d admit rate %v fresh %d; want 0, 0, 4", old.GateWaiting, old.AdmitRate, old.FreshPods)
+	}
+	for _, bad := range []Digest{{GateWaiting: -1}, {AdmitRate: -1}, {AdmitRate: math.NaN()}, {AdmitRate: maxAdmitRate + 1}} {
+		d := sampleDigest()
+		d.GateWaiting, d.AdmitRate = bad.GateWaiting, bad.AdmitRate
+		if _, err := d.AppendBinary(nil); !errors.Is(err, ErrInvalidDigest) {
+			t.Errorf("gate waiting %d admit rate %v: err %v, want ErrInvalidDigest", bad.GateWaiting, bad.AdmitRate, err)
 		}
 	}
 }

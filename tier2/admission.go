@@ -28,8 +28,11 @@ type Admission struct {
 	// to account for requests admitted between two digests.
 	Thresholds priority.Thresholds
 	// Config applies to every Gate (queue bounds, maximum waits).
-	Config  priority.Config
-	Metrics *priority.Metrics
+	Config priority.Config
+	// ClusterQueueTime is the work Tier-2 leaves waiting in each
+	// cluster's own Gate (zero: DefaultClusterQueueTime; negative: none).
+	ClusterQueueTime time.Duration
+	Metrics          *priority.Metrics
 	// Tenants gives fair-queueing weights; set by the router on reload.
 	Tenants func() *priority.Tenants
 
@@ -45,16 +48,52 @@ type Admission struct {
 }
 
 type admissionSettings struct {
-	gate priority.Config
-	th   priority.Thresholds
+	gate      priority.Config
+	th        priority.Thresholds
+	queueTime time.Duration // ClusterQueueTime in force; 0: none
 }
+
+// DefaultClusterQueueTime is how much work Tier-2 leaves waiting in each
+// cluster's own Gate, unless the configuration says otherwise: what that
+// Gate lets into its pool in half a second (its AdmitRate), and at least
+// MinClusterBacklog requests per pod.
+//
+// Past the limits, holding a request at Tier-2 buys the choice of
+// cluster at release; leaving it in a cluster's Gate buys a release timed
+// on 50 ms metrics, where Tier-2's digests are up to a digest period
+// (500 ms) older. Within about one digest period Tier-2 knows no better
+// than the cluster, so that much is the cluster's. With none, Tier-2's
+// Gate and Tier-1's held Standard requests at the same saturation and
+// Tier-2's decided alone: in bench/latency at 200 B (pods answering in
+// milliseconds, every request held once) Tier-2 reached 0.91–0.93×
+// nginx's throughput with a TTFB p99 above nginx's, against 0.98× and
+// within 1–3 ms of it when the clusters' Gates held the wait
+// (docs/BENCHMARKS.md, eleventh session).
+const DefaultClusterQueueTime = 500 * time.Millisecond
+
+// MinClusterBacklog is the waiting requests per pod Tier-2 leaves to a
+// cluster's Gate whatever its admission rate (while ClusterQueueTime is
+// not zero): a Gate that has admitted nothing yet gets a queue to measure.
+const MinClusterBacklog = 2
 
 // settings are the Gate configuration and thresholds in force.
 func (a *Admission) settings() admissionSettings {
 	if s := a.set.Load(); s != nil {
 		return *s
 	}
-	return admissionSettings{a.Config, a.Thresholds}
+	return admissionSettings{a.Config, a.Thresholds, queueTime(a.ClusterQueueTime)}
+}
+
+// queueTime is d with zero meaning DefaultClusterQueueTime and negative
+// none.
+func queueTime(d time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return DefaultClusterQueueTime
+	case d < 0:
+		return 0
+	}
+	return d
 }
 
 // Configure applies the configuration's admission settings (the
@@ -63,11 +102,21 @@ func (a *Admission) settings() admissionSettings {
 // requests that arrive from now on.
 func (a *Admission) Configure(c *config.Admission) {
 	gc, th := priority.Overlay(a.Config, a.Thresholds, c)
-	a.set.Store(&admissionSettings{gc, th})
+	qt := queueTime(a.ClusterQueueTime)
+	if c != nil && c.ClusterQueueTime != nil {
+		qt = max(0, c.ClusterQueueTime.D())
+	}
+	old := a.settings()
+	a.set.Store(&admissionSettings{gc, th, qt})
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, g := range a.gates {
+	for m, g := range a.gates {
 		g.SetConfig(gc)
+		if old.th != th || old.queueTime != qt {
+			// The same digests mean another saturation now.
+			delete(a.seen, m)
+			a.observeLocked(m, g)
+		}
 	}
 }
 
@@ -142,10 +191,12 @@ func (a *Admission) Submit(model string, r priority.Request, release func(t *pri
 func (a *Admission) pre(model string, r priority.Request) (*priority.Gate, priority.Request, *priority.Ticket) {
 	g := a.gate(model)
 	if r.Band != priority.Sheddable {
-		limit := a.limit(r.Band)
-		if local := a.saturation(model, a.Region, true); local.Known() && local.Value >= limit {
+		// Spilling is decided on the limits themselves: a Region with
+		// headroom beats a wait in one of this Region's cluster Gates.
+		gc := a.settings().gate
+		if local := a.saturation(model, a.Region, true); local.Known() && local.Value >= gc.Limit(r.Band, local.WithoutBacklog()) {
 			switch {
-			case a.otherRegionHasHeadroom(model, limit):
+			case a.otherRegionHasHeadroom(model, gc, r.Band):
 				// The Gate admits r if the home Region still has room
 				// for it after all, and tells it to spill otherwise.
 				r.MaySpill = true
@@ -176,7 +227,8 @@ func (a *Admission) saturation(model, region string, local bool) priority.Satura
 // saturationVersion is saturation plus a value that changes whenever a
 // digest it was computed from is replaced or goes stale.
 func (a *Admission) saturationVersion(model, region string, local bool) (priority.Saturation, uint64) {
-	th := a.thresholds()
+	set := a.settings()
+	th := set.th.WithDefaults()
 	now := time.Now()
 	var buf [8]priority.Saturation
 	pools := buf[:0]
@@ -185,7 +237,7 @@ func (a *Admission) saturationVersion(model, region string, local bool) (priorit
 		if (d.Region == region) != local {
 			return
 		}
-		s := th.Digest(digestSaturation(d, th), now.Sub(d.Produced))
+		s := th.Digest(digestSaturation(d, th, set.queueTime), now.Sub(d.Produced))
 		version = version*31 + uint64(d.Produced.UnixNano()) + d.Version
 		if !s.Known() {
 			version++
@@ -215,27 +267,11 @@ func (a *Admission) observeLocked(model string, g *priority.Gate) {
 	g.Observe(s)
 }
 
-// limit is the saturation below which a pool has headroom for band b:
-// 1 for Critical, 1 − Config.CriticalReserve for the others.
-func (a *Admission) limit(b priority.Band) float64 {
-	if b == priority.Critical {
-		return 1
-	}
-	r := a.settings().gate.CriticalReserve
-	switch {
-	case r == 0:
-		r = priority.DefaultConfig().CriticalReserve
-	case r < 0:
-		r = 0
-	}
-	return 1 - min(r, 1)
-}
-
 // otherRegionHasHeadroom reports whether the other Regions' pools of the
-// model, taken together, are below limit.
-func (a *Admission) otherRegionHasHeadroom(model string, limit float64) bool {
+// model, taken together, have headroom for band b under gc.
+func (a *Admission) otherRegionHasHeadroom(model string, gc priority.Config, b priority.Band) bool {
 	s := a.saturation(model, a.Region, false)
-	return s.Known() && s.Value < limit
+	return s.Known() && s.Value < gc.Limit(b, s.WithoutBacklog())
 }
 
 // localClusterHasHeadroom reports whether one of this Region's clusters
@@ -248,7 +284,7 @@ func (a *Admission) localClusterHasHeadroom(model string) bool {
 		if d.Region != a.Region || headroom {
 			return
 		}
-		if s := th.Digest(digestSaturation(d, th), now.Sub(d.Produced)); s.Known() && !s.Saturated() {
+		if s := th.Digest(digestSaturation(d, th, 0), now.Sub(d.Produced)); s.Known() && !s.Saturated() {
 			headroom = true
 		}
 	})
@@ -260,18 +296,28 @@ func (a *Admission) localClusterHasHeadroom(model string) bool {
 // 0). A digest without it (a Tier-1 that predates the field, or a pool
 // with no fresh pod) is approximated from the pool's mean queue per ready
 // pod against the queue threshold, or its mean KV use against the KV
-// threshold, whichever is fuller.
-func digestSaturation(d *regions.Digest, th priority.Thresholds) priority.Saturation {
-	if d.FreshPods > 0 {
-		return priority.Saturation{Value: d.Saturation, PerRequest: 1 / (float64(d.FreshPods) * th.Queue),
+// threshold, whichever is fuller. Either way the requests waiting in
+// Tier-1's Gate count as waiting on the pods: they hold no pod yet, but
+// are the cluster's to serve before anything Tier-2 sends now. Its
+// Backlog is what the cluster's Gate lets in over queueTime, and at least
+// MinClusterBacklog per pod (none when queueTime is zero).
+func digestSaturation(d *regions.Digest, th priority.Thresholds, queueTime time.Duration) priority.Saturation {
+	var s priority.Saturation
+	switch {
+	case d.FreshPods > 0:
+		s = priority.Saturation{Value: d.Saturation, PerRequest: 1 / (float64(d.FreshPods) * th.Queue),
 			Fresh: d.FreshPods, Stale: d.StalePods}
-	}
-	if d.ReadyPods <= 0 {
+	case d.ReadyPods > 0:
+		s = priority.Saturation{PerRequest: 1 / (float64(d.ReadyPods) * th.Queue), Fresh: d.ReadyPods}
+		s.Value = max(float64(d.QueueTotal)/float64(d.ReadyPods)/th.Queue, d.KVMean/th.KVCache)
+	default:
 		return priority.Saturation{Stale: d.TotalPods}
 	}
-	q := float64(d.QueueTotal) / float64(d.ReadyPods) / th.Queue
-	kv := d.KVMean / th.KVCache
-	return priority.Saturation{Value: max(q, kv), PerRequest: 1 / (float64(d.ReadyPods) * th.Queue), Fresh: d.ReadyPods}
+	s.Value += float64(d.GateWaiting) * s.PerRequest
+	if queueTime > 0 {
+		s.Backlog = max(MinClusterBacklog*float64(s.Fresh), d.AdmitRate*queueTime.Seconds()) * s.PerRequest
+	}
+	return s
 }
 
 // Run hands every gate its saturation whenever a digest changed, checking

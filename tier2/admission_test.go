@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -92,8 +93,12 @@ func TestAdmission(t *testing.T) {
 			want{"spill", "spill", "saturated"}},
 		{"home saturated as a whole, one home cluster has headroom: Critical goes", []pool{{"home", "h1", 2.0, 4, 0}, {"home", "h2", 0.4, 4, 0}, {"away", "a1", 1.5, 4, 0}},
 			want{"admitted", "waits", "saturated"}},
-		{"everything saturated: Critical and Standard wait", []pool{{"home", "h1", 1.1, 4, 0}, {"away", "a1", 1.5, 4, 0}},
+		{"everything saturated, home within its clusters' backlog: Critical goes to wait there, Standard waits", []pool{{"home", "h1", 1.1, 4, 0}, {"away", "a1", 1.5, 4, 0}},
+			want{"admitted", "waits", "saturated"}},
+		{"everything saturated past the backlog: Critical and Standard wait", []pool{{"home", "h1", 1.5, 4, 0}, {"away", "a1", 1.5, 4, 0}},
 			want{"waits", "waits", "saturated"}},
+		{"home past the reserve, within its clusters' backlog: Standard goes to wait there", []pool{{"home", "h1", 0.6, 4, 0}, {"away", "a1", 1.5, 4, 0}},
+			want{"admitted", "admitted", "saturated"}},
 		{"home between the reserve and 1: only Critical", []pool{{"home", "h1", 0.95, 4, 0}, {"away", "a1", 1.5, 4, 0}},
 			want{"admitted", "waits", "saturated"}},
 		{"home between the reserve and 1, away has headroom: Critical stays, Standard spills", []pool{{"home", "h1", 0.95, 4, 0}, {"away", "a1", 0.3, 4, 0}},
@@ -140,10 +145,11 @@ func TestAdmissionWithoutShippedSaturation(t *testing.T) {
 func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// One pod: five requests fill it; Standard stops at 1.75 (the
-		// default Critical reserve is 0.65), so two get in.
+		// default Critical reserve is 0.65) plus the cluster backlog of 2,
+		// so four get in.
 		a, _ := admissionOver(t, pool{"home", "h1", 0, 1, 0})
 		ctx := context.Background()
-		for range 2 {
+		for range 4 {
 			if _, _, err := a.Admit(ctx, "m", priority.Request{Tenant: "t", Band: priority.Standard}); err != nil {
 				t.Fatal(err)
 			}
@@ -154,7 +160,7 @@ func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 		}
 		a.mu.Unlock()
 		if got := outcome(t, a, priority.Standard); got != "waits" {
-			t.Fatalf("third Standard request after re-observing the same digest: %s; want waits", got)
+			t.Fatalf("fifth Standard request after re-observing the same digest: %s; want waits", got)
 		}
 		// A newer digest replaces the Gate's count.
 		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 1, TotalPods: 1,
@@ -167,6 +173,40 @@ func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 		a.mu.Unlock()
 		if got := outcome(t, a, priority.Standard); got != "admitted" {
 			t.Fatalf("after a fresh digest: %s; want admitted", got)
+		}
+	})
+}
+
+// The requests waiting in a cluster's own Gate count as load: a pool at
+// 0.3 with ten requests waiting in Tier-1's Gate over four pods is at 0.8,
+// past the Standard limit (0.35, plus 0.4 for the default cluster backlog
+// of 2 per pod) though not past Critical's.
+func TestAdmissionCountsClusterGateWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _ := admissionOver(t)
+		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 4, TotalPods: 4,
+			Saturation: 0.3, FreshPods: 4, Version: 1, Produced: time.Now()}
+		if _, err := a.Fleet.Digests().Put(d); err != nil {
+			t.Fatal(err)
+		}
+		if got := outcome(t, a, priority.Standard); got != "admitted" {
+			t.Fatalf("Standard at 0.3 with nothing waiting in Tier-1: %s; want admitted", got)
+		}
+		d.Version, d.GateWaiting = 2, 10
+		if _, err := a.Fleet.Digests().Put(d); err != nil {
+			t.Fatal(err)
+		}
+		a.mu.Lock()
+		a.observeLocked("m", a.gates["m"]) // what Run does every 200 ms
+		a.mu.Unlock()
+		if s := a.saturation("m", "home", true); s.Value != 0.8 {
+			t.Fatalf("saturation %v; want 0.3 + 10 / (4 pods × 5) = 0.8", s.Value)
+		}
+		if got := outcome(t, a, priority.Standard); got != "waits" {
+			t.Errorf("Standard with ten waiting in Tier-1's Gate: %s; want waits", got)
+		}
+		if got := outcome(t, a, priority.Critical); got != "admitted" {
+			t.Errorf("Critical with ten waiting in Tier-1's Gate: %s; want admitted", got)
 		}
 	})
 }
@@ -203,26 +243,81 @@ func TestAdmissionBandCountsDowngrades(t *testing.T) {
 }
 
 // Configure applies the Topology's spec.routing.admission live: with no
-// Critical reserve, Standard is admitted at a home saturation of 0.7 that
-// the default reserve (0.65) holds for Critical; with a queue threshold of
-// 10 the same digest counts as half as full.
+// Critical reserve, Standard is admitted at a home saturation of 0.8 that
+// the default reserve (0.65) and cluster backlog (at least 2 per pod, 0.4)
+// hold for Critical; with clusterQueueTime 0s (no cluster backlog),
+// Standard waits at 0.5.
 func TestAdmissionConfigureLive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		a, _ := admissionOver(t, pool{"home", "h1", 0.7, 4, 0}, pool{"away", "a1", 1.5, 4, 0})
+		a, _ := admissionOver(t, pool{"home", "h1", 0.8, 4, 0}, pool{"away", "a1", 1.5, 4, 0})
 		if got := outcome(t, a, priority.Standard); got != "waits" {
-			t.Fatalf("Standard at 0.7 with the default reserve: %s; want waits", got)
+			t.Fatalf("Standard at 0.8 with the default reserve: %s; want waits", got)
 		}
 		none := 0.0
 		a.Configure(&config.Admission{CriticalReserve: &none})
 		if got := outcome(t, a, priority.Standard); got != "admitted" {
-			t.Fatalf("Standard at 0.7 with no reserve: %s; want admitted", got)
+			t.Fatalf("Standard at 0.8 with no reserve: %s; want admitted", got)
 		}
 		if got := outcome(t, a, priority.Sheddable); got != "admitted" {
-			t.Fatalf("Sheddable at 0.7 with no reserve: %s; want admitted", got)
+			t.Fatalf("Sheddable at 0.8 with no reserve: %s; want admitted", got)
 		}
 		a.Configure(nil) // back to the defaults
 		if got := outcome(t, a, priority.Standard); got != "waits" {
 			t.Fatalf("Standard after the settings were removed: %s; want waits", got)
+		}
+
+		b, _ := admissionOver(t, pool{"home", "h1", 0.5, 4, 0}, pool{"away", "a1", 1.5, 4, 0})
+		if got := outcome(t, b, priority.Standard); got != "admitted" {
+			t.Fatalf("Standard at 0.5 with the default cluster backlog: %s; want admitted", got)
+		}
+		zero := config.Duration(0)
+		b.Configure(&config.Admission{ClusterQueueTime: &zero})
+		if got := outcome(t, b, priority.Standard); got != "waits" {
+			t.Fatalf("Standard at 0.5 with clusterQueueTime 0s: %s; want waits", got)
+		}
+		b.Configure(nil)
+		if got := outcome(t, b, priority.Standard); got != "admitted" {
+			t.Fatalf("Standard at 0.5 with the default clusterQueueTime again: %s; want admitted", got)
+		}
+	})
+}
+
+// The backlog left to a cluster's Gate is what that Gate lets in over
+// clusterQueueTime: at 100 requests a second, 500 ms is 50 requests, 2.5
+// of saturation over four pods, so Standard requests still go at 2.0;
+// at 100 ms it is 10 requests (0.5), and they wait. Two clusters' backlogs
+// add up. Sheddable requests are refused at the limit all along.
+func TestAdmissionBacklogFollowsAdmitRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _ := admissionOver(t)
+		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 4, TotalPods: 4,
+			Saturation: 2, FreshPods: 4, AdmitRate: 100, Version: 1, Produced: time.Now()}
+		if _, err := a.Fleet.Digests().Put(d); err != nil {
+			t.Fatal(err)
+		}
+		if s := a.saturation("m", "home", true); s.Backlog != 2.5 {
+			t.Fatalf("backlog %v; want 100/s × 0.5 s / (4 pods × 5) = 2.5", s.Backlog)
+		}
+		if got := outcome(t, a, priority.Standard); got != "admitted" {
+			t.Fatalf("Standard at 2.0 with a backlog of 2.5: %s; want admitted", got)
+		}
+		if got := outcome(t, a, priority.Sheddable); got != "saturated" {
+			t.Fatalf("Sheddable at 2.0: %s; want saturated", got)
+		}
+		short := config.Duration(100 * time.Millisecond)
+		a.Configure(&config.Admission{ClusterQueueTime: &short})
+		if got := outcome(t, a, priority.Standard); got != "waits" {
+			t.Fatalf("Standard at 2.0 with a backlog of 0.5: %s; want waits", got)
+		}
+
+		d2 := d
+		d2.Cluster, d2.Saturation, d2.AdmitRate = "h2", 0, 300
+		if _, err := a.Fleet.Digests().Put(d2); err != nil {
+			t.Fatal(err)
+		}
+		// 10 + 30 requests over 8 pods of 5: 1.0.
+		if s := a.saturation("m", "home", true); math.Abs(s.Backlog-1) > 1e-9 || s.Value != 1 {
+			t.Fatalf("two clusters: saturation %v backlog %v; want 1 and 1", s.Value, s.Backlog)
 		}
 	})
 }

@@ -207,6 +207,23 @@ func (g *Gateway) ObservePools() {
 	}
 }
 
+// Waiting is the number of requests waiting in the pool's admission Gate.
+func (v PoolView) Waiting() int {
+	if v.state == nil {
+		return 0
+	}
+	return v.state.gate.Len()
+}
+
+// AdmitRate is the requests per second the pool's Gate let in lately
+// (priority.Gate.AdmitRate).
+func (v PoolView) AdmitRate() float64 {
+	if v.state == nil {
+		return 0
+	}
+	return v.state.gate.AdmitRate()
+}
+
 // Thresholds are the pool's saturation thresholds in force.
 func (v PoolView) Thresholds() priority.Thresholds {
 	if v.state != nil {

@@ -20,6 +20,7 @@ import (
 
 	tier1v1 "github.com/meridian-router/meridian/api/tier1/v1"
 	"github.com/meridian-router/meridian/internal/testkit"
+	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/sim/simtest"
@@ -206,6 +207,13 @@ func TestPoolDigest(t *testing.T) {
 			ep.SetMetrics(&m)
 		}
 
+		// One Standard request waits in the pool's Gate, which last saw
+		// the pool saturated.
+		gate := gw.Gate("chat")
+		gate.Observe(priority.Saturation{Value: 2, PerRequest: 0.1, Fresh: 3})
+		cancelWait := gate.Submit(priority.Request{Tenant: "t", Band: priority.Standard}, func(*priority.Ticket, error) {})
+		defer cancelWait()
+
 		pd := PoolDigest(gw.Pools()[0], time.Now(), Config{})
 		checks := []struct {
 			name      string
@@ -229,6 +237,7 @@ func TestPoolDigest(t *testing.T) {
 			// spare: 0.5 + 0 + (1 − 1/5) over 4 pods
 			{"headroom", pd.Headroom, (0.5 + 0 + 0.8) / 4},
 			{"saturation", pd.Saturation, (0.5 + 2 + 0.2) / 3},
+			{"gate waiting", float64(pd.GateWaiting), 1},
 		}
 		for _, c := range checks {
 			if math.Abs(c.got-c.want) > 1e-9 {

@@ -182,8 +182,15 @@ type PoolDigest struct {
 	// Pods whose metrics were believed (fresh) and not (stale) in
 	// saturation; fresh_pods × 5 requests (the queue threshold) is the
 	// capacity saturation is relative to.
-	FreshPods     uint32 `protobuf:"varint,22,opt,name=fresh_pods,json=freshPods,proto3" json:"fresh_pods,omitempty"`
-	StalePods     uint32 `protobuf:"varint,23,opt,name=stale_pods,json=stalePods,proto3" json:"stale_pods,omitempty"`
+	FreshPods uint32 `protobuf:"varint,22,opt,name=fresh_pods,json=freshPods,proto3" json:"fresh_pods,omitempty"`
+	StalePods uint32 `protobuf:"varint,23,opt,name=stale_pods,json=stalePods,proto3" json:"stale_pods,omitempty"`
+	// Requests waiting in Tier-1's admission Gate for this pool: admitted
+	// by the cluster but not yet let into the pool, so not in saturation.
+	// Tier-2 counts them as load when it decides how much more to send.
+	GateWaiting uint32 `protobuf:"varint,24,opt,name=gate_waiting,json=gateWaiting,proto3" json:"gate_waiting,omitempty"`
+	// Requests per second Tier-1's Gate let into the pool lately (an
+	// exponential average over about two seconds).
+	AdmitRate     float64 `protobuf:"fixed64,25,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -375,6 +382,20 @@ func (x *PoolDigest) GetFreshPods() uint32 {
 func (x *PoolDigest) GetStalePods() uint32 {
 	if x != nil {
 		return x.StalePods
+	}
+	return 0
+}
+
+func (x *PoolDigest) GetGateWaiting() uint32 {
+	if x != nil {
+		return x.GateWaiting
+	}
+	return 0
+}
+
+func (x *PoolDigest) GetAdmitRate() float64 {
+	if x != nil {
+		return x.AdmitRate
 	}
 	return 0
 }
@@ -598,7 +619,7 @@ const file_tier1_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x123\n" +
 	"\x05pools\x18\x03 \x03(\v2\x1d.meridian.tier1.v1.PoolDigestR\x05pools\x12\x18\n" +
-	"\areplica\x18\x04 \x01(\tR\areplica\"\xd4\x05\n" +
+	"\areplica\x18\x04 \x01(\tR\areplica\"\x96\x06\n" +
 	"\n" +
 	"PoolDigest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x14\n" +
@@ -632,7 +653,10 @@ const file_tier1_proto_rawDesc = "" +
 	"\n" +
 	"fresh_pods\x18\x16 \x01(\rR\tfreshPods\x12\x1d\n" +
 	"\n" +
-	"stale_pods\x18\x17 \x01(\rR\tstalePods\"\x98\x01\n" +
+	"stale_pods\x18\x17 \x01(\rR\tstalePods\x12!\n" +
+	"\fgate_waiting\x18\x18 \x01(\rR\vgateWaiting\x12\x1d\n" +
+	"\n" +
+	"admit_rate\x18\x19 \x01(\x01R\tadmitRate\"\x98\x01\n" +
 	"\n" +
 	"PeerEvents\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x126\n" +
