@@ -79,33 +79,94 @@ type Quota struct {
 // carries, and for retry-after (whole seconds, rounded up) and
 // retry-after-ms (milliseconds, rounded up; the OpenAI SDKs prefer it)
 // when it is a rejection. Tier-2 passes http.Header.Set.
+//
+// The values are formatted into one string (one allocation for all eight:
+// this runs on every request).
 func (d *Decision) Headers(set func(key, value string)) {
+	var buf [256]byte
+	var ends [8]int
+	b, n := buf[:0], 0
+	end := func() { ends[n] = len(b); n++ }
 	if d.Requests.Limit > 0 {
-		set("x-ratelimit-limit-requests", strconv.FormatInt(d.Requests.Limit, 10))
-		set("x-ratelimit-remaining-requests", strconv.FormatInt(d.Requests.Remaining, 10))
-		set("x-ratelimit-reset-requests", formatReset(d.Requests.Reset))
+		b = strconv.AppendInt(b, d.Requests.Limit, 10)
+		end()
+		b = strconv.AppendInt(b, d.Requests.Remaining, 10)
+		end()
+		b = appendReset(b, d.Requests.Reset)
+		end()
 	}
 	if d.Tokens.Limit > 0 {
-		set("x-ratelimit-limit-tokens", strconv.FormatInt(d.Tokens.Limit, 10))
-		set("x-ratelimit-remaining-tokens", strconv.FormatInt(d.Tokens.Remaining, 10))
-		set("x-ratelimit-reset-tokens", formatReset(d.Tokens.Reset))
+		b = strconv.AppendInt(b, d.Tokens.Limit, 10)
+		end()
+		b = strconv.AppendInt(b, d.Tokens.Remaining, 10)
+		end()
+		b = appendReset(b, d.Tokens.Reset)
+		end()
 	}
 	if !d.Allowed {
-		set("retry-after", strconv.FormatInt(retryAfterSeconds(d.RetryAfter), 10))
-		set("retry-after-ms", strconv.FormatInt(retryAfterMillis(d.RetryAfter), 10))
+		b = strconv.AppendInt(b, retryAfterSeconds(d.RetryAfter), 10)
+		end()
+		b = strconv.AppendInt(b, retryAfterMillis(d.RetryAfter), 10)
+		end()
+	}
+	s, i, from := string(b), 0, 0
+	next := func() string {
+		v := s[from:ends[i]]
+		from = ends[i]
+		i++
+		return v
+	}
+	if d.Requests.Limit > 0 {
+		set("x-ratelimit-limit-requests", next())
+		set("x-ratelimit-remaining-requests", next())
+		set("x-ratelimit-reset-requests", next())
+	}
+	if d.Tokens.Limit > 0 {
+		set("x-ratelimit-limit-tokens", next())
+		set("x-ratelimit-remaining-tokens", next())
+		set("x-ratelimit-reset-tokens", next())
+	}
+	if !d.Allowed {
+		set("retry-after", next())
+		set("retry-after-ms", next())
 	}
 }
 
 // formatReset writes a duration the way OpenAI does ("1s", "6m0s", "20ms"),
 // rounded up to the millisecond.
-func formatReset(d time.Duration) string {
+func formatReset(d time.Duration) string { return string(appendReset(nil, d)) }
+
+// appendReset appends formatReset's text: d rounded up to the millisecond
+// as time.Duration.String writes it.
+func appendReset(b []byte, d time.Duration) []byte {
 	if d <= 0 {
-		return "0s"
+		return append(b, "0s"...)
 	}
-	if r := d % time.Millisecond; r != 0 {
-		d += time.Millisecond - r
+	ms := uint64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
 	}
-	return d.String()
+	if ms < 1000 {
+		b = strconv.AppendUint(b, ms, 10)
+		return append(b, "ms"...)
+	}
+	secs, frac := ms/1000, ms%1000
+	if h := secs / 3600; h > 0 {
+		b = strconv.AppendUint(b, h, 10)
+		b = append(b, 'h')
+	}
+	if secs >= 60 {
+		b = strconv.AppendUint(b, secs/60%60, 10)
+		b = append(b, 'm')
+	}
+	b = strconv.AppendUint(b, secs%60, 10)
+	if frac > 0 {
+		b = append(b, '.', byte('0'+frac/100), byte('0'+frac/10%10), byte('0'+frac%10))
+		for b[len(b)-1] == '0' {
+			b = b[:len(b)-1]
+		}
+	}
+	return append(b, 's')
 }
 
 func retryAfterMillis(d time.Duration) int64 {

@@ -3,7 +3,9 @@ package ratelimit
 import (
 	"encoding/binary"
 	"errors"
+	"maps"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -818,5 +820,56 @@ func TestRefund(t *testing.T) {
 	l.Refund(Ticket{})
 	if d := l.Allow(Request{Tenant: "acme"}); d.Requests.Remaining != 9 || d.Tokens.Remaining != 6000 {
 		t.Fatalf("after refunds at full buckets: requests %d (want 9), tokens %d (want 6000)", d.Requests.Remaining, d.Tokens.Remaining)
+	}
+}
+
+// appendReset writes what time.Duration.String writes for the duration
+// rounded up to the millisecond.
+func TestAppendResetMatchesDurationString(t *testing.T) {
+	want := func(d time.Duration) string {
+		if d <= 0 {
+			return "0s"
+		}
+		if r := d % time.Millisecond; r != 0 {
+			d += time.Millisecond - r
+		}
+		return d.String()
+	}
+	ds := []time.Duration{-time.Second, 0, 1, time.Millisecond - 1, time.Millisecond, 999 * time.Millisecond,
+		999*time.Millisecond + 1, time.Second, 1500 * time.Millisecond, 1010 * time.Millisecond, 1001 * time.Millisecond,
+		59*time.Second + 999*time.Millisecond, time.Minute, 6 * time.Minute, time.Hour, time.Hour + time.Millisecond,
+		100*time.Hour + 59*time.Minute + 59*time.Second + 990*time.Millisecond, math.MaxInt64 / 2}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 10000 {
+		ds = append(ds, time.Duration(rng.Int64N(int64(200*time.Hour))))
+	}
+	for _, d := range ds {
+		if got, w := formatReset(d), want(d); got != w {
+			t.Fatalf("formatReset(%d) = %q; want %q", int64(d), got, w)
+		}
+	}
+}
+
+// Headers formats every value into one string: one allocation.
+func TestHeadersAllocateOnce(t *testing.T) {
+	d := Decision{Allowed: false, RetryAfter: 1500 * time.Millisecond,
+		Requests: Quota{Limit: 1000, Remaining: 0, Reset: 20 * time.Millisecond},
+		Tokens:   Quota{Limit: 90000, Remaining: 12345, Reset: 6*time.Minute + 1},
+	}
+	got := map[string]string{}
+	set := func(k, v string) { got[k] = v }
+	d.Headers(set)
+	want := map[string]string{"x-ratelimit-limit-requests": "1000", "x-ratelimit-remaining-requests": "0",
+		"x-ratelimit-reset-requests": "20ms", "x-ratelimit-limit-tokens": "90000", "x-ratelimit-remaining-tokens": "12345",
+		"x-ratelimit-reset-tokens": "6m0.001s", "retry-after": "2", "retry-after-ms": "1500"}
+	if !maps.Equal(got, want) {
+		t.Fatalf("headers %v; want %v", got, want)
+	}
+	if raceEnabled {
+		return
+	}
+	nop := func(k, v string) {}
+	if n := testing.AllocsPerRun(100, func() { d.Headers(nop) }); n != 1 {
+		t.Errorf("Headers allocated %v times; want 1", n)
 	}
 }

@@ -356,6 +356,9 @@ type clientConn struct {
 	closed bool
 	busy   bool // a request is being served: later bytes wait
 	keep   bool // keep the connection after the response being served
+	// last is the connection's last call on the loop; its response
+	// header map is the next one's (responseHeader).
+	last *loopCall
 
 	// The request being read.
 	head      *http.Request
@@ -770,6 +773,27 @@ func (cc *clientConn) done() {
 		return
 	}
 	cc.serve()
+}
+
+// responseHeader returns an empty header map for the response of a new
+// call on the loop: the previous call's, cleared, unless that went to a
+// goroutine. A connection serves one request at a time, and a call's
+// last use of its map is writing its response head, before the
+// connection reads the next request; timers and admission of an ended
+// call do nothing (loopCall.ended, and the caller gone when admission
+// releases late).
+func (cc *clientConn) responseHeader() http.Header {
+	p := cc.last
+	cc.last = nil
+	if p == nil || p.shared || p.h == nil {
+		return make(http.Header, 16) // sized for the rate-limit, upstream and routing headers: no growth
+	}
+	h := p.h
+	if poisonReleasedBodies {
+		p.h = nil // tests: a late write to the old call's headers panics
+	}
+	clear(h)
+	return h
 }
 
 // goServe serves req with serve on a goroutine; its response is written

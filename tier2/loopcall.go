@@ -46,7 +46,8 @@ func (s *LoopServer) inference(cc *clientConn, req *http.Request, raw []byte) {
 	stripInternal(req.Header)
 	st := r.snap.Load()
 	c := &call{start: r.cfg.Now()}
-	lc := &loopCall{s: s, r: r, st: st, cc: cc, c: c, req: req, h: make(http.Header, 16)} // sized for the rate-limit, upstream and routing headers: no growth
+	lc := &loopCall{s: s, r: r, st: st, cc: cc, c: c, req: req, h: cc.responseHeader()}
+	cc.last = lc
 	// The stages, as serveStages runs them, each deciding at once.
 	var e *request.APIError
 	if auth == nil {
@@ -85,16 +86,15 @@ func (s *LoopServer) inference(cc *clientConn, req *http.Request, raw []byte) {
 	}
 	// Admission decides at once, or releases the request later from
 	// another goroutine: then the loop goes on with it.
-	var state atomic.Int32 // 0: in Submit; 1: Submit returned first; 2: released within Submit
 	ls := cc.ls
 	cancel := r.cfg.Priority.Submit(c.resolved.Target, pr, func(t *priority.Ticket, spill bool, err error) {
 		lc.admT, lc.admSpill, lc.admErr = t, spill, err
-		if state.CompareAndSwap(0, 2) {
+		if lc.admState.CompareAndSwap(0, 2) {
 			return
 		}
 		ls.later(lc)
 	})
-	if state.CompareAndSwap(0, 1) { // waiting in admission's queue
+	if lc.admState.CompareAndSwap(0, 1) { // waiting in admission's queue
 		lc.cancelAdmit = cancel
 		lc.queued = true
 		cc.cur = lc
@@ -132,6 +132,7 @@ func (lc *loopCall) admitted() {
 	if !r.loopTransport || !lc.s.plaintext(targets) {
 		// A Tier-1 over TLS (or a transport of the caller's): net/http's
 		// client, on a goroutine.
+		lc.shared = true
 		cc.goServe(lc.req, c.raw, func(w http.ResponseWriter, req *http.Request) {
 			for k, vs := range lc.h {
 				w.Header()[k] = vs
@@ -228,6 +229,9 @@ type loopCall struct {
 	c   *call
 	req *http.Request
 	h   http.Header // the caller's response headers
+	// shared: h went to a goroutine (goServe), and is not reused
+	// (clientConn.responseHeader).
+	shared bool
 
 	tbuf    [8]regions.Target
 	targets []regions.Target
@@ -236,7 +240,9 @@ type loopCall struct {
 	last    *attemptErr
 	body    sendBody
 
-	// Admission's outcome, and how to leave its queue.
+	// Admission's outcome, and how to leave its queue. admState is 0 while
+	// in Submit, 1 once Submit returned first, 2 if released within Submit.
+	admState    atomic.Int32
 	admT        *priority.Ticket
 	admSpill    bool
 	admErr      error
