@@ -448,6 +448,37 @@ func TestLoopServerReusedBodies(t *testing.T) {
 	}
 }
 
+// The calls on a connection share one response header map, cleared
+// between them: a header one response carried (here an upstream's, set on
+// one request only) is not in the next response on the same connection.
+func TestLoopServerResponseHeadersNotCarriedOver(t *testing.T) {
+	var n atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 2 { // the first loop-served request (the first goes to a goroutine: token verification)
+			w.Header().Set("X-Team-Secret", "for team only")
+		}
+		usageUpstream(w, r)
+	}))
+	defer up.Close()
+	d, _ := loopDoor(t, up.URL)
+	addr := strings.TrimPrefix(d.url, "http://")
+	a := d.token(t, "team", nil)
+	req := "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + a + "\r\nContent-Length: 39\r\n\r\n" + `{"model":"chat-model","prompt":"hello"}`
+	rs := rawExchange(t, addr, req+req+req+req, 4)
+	for i, r := range rs {
+		body(t, r)
+		if r.StatusCode != 200 {
+			t.Fatalf("response %d: %d", i, r.StatusCode)
+		}
+		if got, want := r.Header.Get("X-Team-Secret") != "", i == 1; got != want {
+			t.Errorf("response %d carries X-Team-Secret: %v; want %v", i, got, want)
+		}
+		if r.Header.Get("X-Meridian-Cluster") == "" {
+			t.Errorf("response %d lost its own headers: %v", i, r.Header)
+		}
+	}
+}
+
 // The calls on a connection share its watchdog timer: a stream that goes
 // quiet is ended with its error event whether it is the connection's
 // first request or a later one (the timer stopped by the request before
