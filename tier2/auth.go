@@ -68,7 +68,10 @@ type Authenticator struct {
 }
 
 type cachedCaller struct {
-	c     Caller
+	// c is the cache's own copy, shared by every request with the token:
+	// callers are never modified in place (knownTenant copies one to
+	// change it).
+	c     *Caller
 	until time.Time
 }
 
@@ -110,8 +113,7 @@ func (a *Authenticator) cached(token string) (*Caller, bool) {
 	if !ok || !a.now().Before(e.until) {
 		return nil, false
 	}
-	c := e.c
-	return &c, true
+	return e.c, true
 }
 
 // cachedAuthorization is Authenticate's answer for an Authorization value
@@ -147,7 +149,8 @@ func (a *Authenticator) remember(token string, c *Caller, exp time.Time) {
 	}
 	// A copy: the token may be a substring of a whole request head (the
 	// loops' parser), which the cache would otherwise keep alive.
-	a.cur[strings.Clone(token)] = cachedCaller{c: *c, until: until}
+	own := *c
+	a.cur[strings.Clone(token)] = cachedCaller{c: &own, until: until}
 }
 
 // Authenticate verifies an Authorization header value ("Bearer <jwt>").

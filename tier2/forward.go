@@ -318,9 +318,9 @@ func (r *Router) responseHeader(h, up http.Header, c *call) {
 			h.Del(k)
 		}
 	}
-	served := [...]string{c.served.Region, c.served.Cluster} // h.Set, one array for both
-	h["X-Meridian-Region"] = served[0:1:1]
-	h["X-Meridian-Cluster"] = served[1:2:2]
+	c.servedHdr = [...]string{c.served.Region, c.served.Cluster} // h.Set, without a slice each
+	h["X-Meridian-Region"] = c.servedHdr[0:1:1]
+	h["X-Meridian-Cluster"] = c.servedHdr[1:2:2]
 }
 
 // relay streams a response back, rewriting the model name to the public

@@ -359,6 +359,9 @@ type clientConn struct {
 	// last is the connection's last call on the loop; its response
 	// header map is the next one's (responseHeader).
 	last *loopCall
+	// headBuf is where a streamed response's head is written until it
+	// leaves with the first events (headBuffer).
+	headBuf []byte
 
 	// The request being read.
 	head      *http.Request
@@ -794,6 +797,18 @@ func (cc *clientConn) responseHeader() http.Header {
 	}
 	clear(h)
 	return h
+}
+
+// headBuffer returns an empty buffer for a streamed response's head, the
+// connection's own: it serves one response at a time, and a head is
+// handed back (loopCall.emit) once written.
+func (cc *clientConn) headBuffer() []byte {
+	b := cc.headBuf
+	cc.headBuf = nil
+	if b == nil {
+		b = make([]byte, 0, 512)
+	}
+	return b
 }
 
 // goServe serves req with serve on a goroutine; its response is written

@@ -596,7 +596,7 @@ func (lc *loopCall) begin(resp upstreamHead) {
 	lc.sse = strings.HasPrefix(resp.header.Get("Content-Type"), "text/event-stream")
 	if lc.sse {
 		lc.filter = newEventFilter(c)
-		lc.head = appendHead(make([]byte, 0, 512), lc.status, lc.h, nil, -1, lc.cc.keep) // leaves with the first events
+		lc.head = appendHead(lc.cc.headBuffer(), lc.status, lc.h, nil, -1, lc.cc.keep) // leaves with the first events
 		lc.out = lc.ls.scratch[:0]
 	}
 	if lc.framing == framedLength && lc.left == 0 {
@@ -703,8 +703,9 @@ func (lc *loopCall) emit(end []byte) {
 		return
 	}
 	iov := lc.iov[:0]
-	if lc.head != nil {
-		iov = append(iov, lc.head)
+	head := lc.head
+	if head != nil {
+		iov = append(iov, head)
 		lc.head = nil
 	}
 	if len(out) > 0 {
@@ -715,7 +716,10 @@ func (lc *loopCall) emit(end []byte) {
 		iov = append(iov, end)
 	}
 	if len(iov) > 0 {
-		cc.c.Writev(iov)
+		cc.c.Writev(iov) // what the socket did not take is copied
+	}
+	if head != nil {
+		cc.headBuf = head[:0] // written: the connection's next response head goes there
 	}
 	clear(lc.iov[:])
 }

@@ -395,6 +395,9 @@ func (r *Router) modelIDs(st *state, tenant string) []string {
 // call is one request as it walks the stages.
 type call struct {
 	start  time.Time
+	// servedHdr holds the values of X-Meridian-Region and -Cluster
+	// (Router.responseHeader).
+	servedHdr [2]string
 	caller *Caller
 	band   priority.Band
 	body   *request.Body
