@@ -394,13 +394,13 @@ func (r *Router) modelIDs(st *state, tenant string) []string {
 
 // call is one request as it walks the stages.
 type call struct {
-	start  time.Time
+	start time.Time
 	// servedHdr holds the values of X-Meridian-Region and -Cluster
 	// (Router.responseHeader).
 	servedHdr [2]string
-	caller *Caller
-	band   priority.Band
-	body   *request.Body
+	caller    *Caller
+	band      priority.Band
+	body      *request.Body
 	// promptTokens is the body's prompt estimate, taken once when it is
 	// parsed: what is charged when upstream reports no usage, and still
 	// known once the prompt itself is released.
