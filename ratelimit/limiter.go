@@ -87,21 +87,16 @@ func (d *Decision) Headers(set func(key, value string)) {
 	var ends [8]int
 	b, n := buf[:0], 0
 	end := func() { ends[n] = len(b); n++ }
-	if d.Requests.Limit > 0 {
-		b = strconv.AppendInt(b, d.Requests.Limit, 10)
-		end()
-		b = strconv.AppendInt(b, d.Requests.Remaining, 10)
-		end()
-		b = appendReset(b, d.Requests.Reset)
-		end()
-	}
-	if d.Tokens.Limit > 0 {
-		b = strconv.AppendInt(b, d.Tokens.Limit, 10)
-		end()
-		b = strconv.AppendInt(b, d.Tokens.Remaining, 10)
-		end()
-		b = appendReset(b, d.Tokens.Reset)
-		end()
+	quotas := [2]*Quota{&d.Requests, &d.Tokens}
+	for _, q := range quotas {
+		if q.Limit > 0 {
+			b = strconv.AppendInt(b, q.Limit, 10)
+			end()
+			b = strconv.AppendInt(b, q.Remaining, 10)
+			end()
+			b = appendReset(b, q.Reset)
+			end()
+		}
 	}
 	if !d.Allowed {
 		b = strconv.AppendInt(b, retryAfterSeconds(d.RetryAfter), 10)
@@ -109,27 +104,30 @@ func (d *Decision) Headers(set func(key, value string)) {
 		b = strconv.AppendInt(b, retryAfterMillis(d.RetryAfter), 10)
 		end()
 	}
-	s, i, from := string(b), 0, 0
-	next := func() string {
-		v := s[from:ends[i]]
+	s, from, i := string(b), 0, 0
+	next := func(key string) {
+		set(key, s[from:ends[i]])
 		from = ends[i]
 		i++
-		return v
 	}
-	if d.Requests.Limit > 0 {
-		set("x-ratelimit-limit-requests", next())
-		set("x-ratelimit-remaining-requests", next())
-		set("x-ratelimit-reset-requests", next())
-	}
-	if d.Tokens.Limit > 0 {
-		set("x-ratelimit-limit-tokens", next())
-		set("x-ratelimit-remaining-tokens", next())
-		set("x-ratelimit-reset-tokens", next())
+	for k, q := range quotas {
+		if q.Limit > 0 {
+			for _, key := range quotaHeaders[k] {
+				next(key)
+			}
+		}
 	}
 	if !d.Allowed {
-		set("retry-after", next())
-		set("retry-after-ms", next())
+		next("retry-after")
+		next("retry-after-ms")
 	}
+}
+
+// quotaHeaders name the requests' and the tokens' limit, remaining and
+// reset headers.
+var quotaHeaders = [2][3]string{
+	{"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"},
+	{"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"},
 }
 
 // formatReset writes a duration the way OpenAI does ("1s", "6m0s", "20ms"),

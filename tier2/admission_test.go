@@ -50,6 +50,24 @@ func admissionOver(t *testing.T, pools ...pool) (*Admission, *prometheus.Registr
 	return &Admission{Region: "home", Fleet: fleet, Metrics: pm}, reg
 }
 
+// put stores d in a's fleet.
+func put(t *testing.T, a *Admission, d regions.Digest) {
+	t.Helper()
+	if _, err := a.Fleet.Digests().Put(d); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// observe hands every Gate its saturation if a digest changed: what Run
+// does every 200 ms.
+func observe(a *Admission) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for m, g := range a.gates {
+		a.observeLocked(m, g)
+	}
+}
+
 // outcome admits one request and reports what happened: "admitted",
 // "spill", "waits" (still queued when the bubble is idle), or the reason
 // of a rejection.
@@ -128,9 +146,7 @@ func TestAdmissionWithoutShippedSaturation(t *testing.T) {
 		a, _ := admissionOver(t)
 		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 2, TotalPods: 2, QueueTotal: 12,
 			Version: 1, Produced: time.Now()}
-		if _, err := a.Fleet.Digests().Put(d); err != nil {
-			t.Fatal(err)
-		}
+		put(t, a, d)
 		if s := a.saturation("m", "home", true); !s.Saturated() || s.Value != 1.2 {
 			t.Fatalf("saturation %+v; want 12 / 2 pods / 5 = 1.2", s)
 		}
@@ -154,23 +170,15 @@ func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		a.mu.Lock()
-		for m, g := range a.gates {
-			a.observeLocked(m, g) // what Run does every 200 ms
-		}
-		a.mu.Unlock()
+		observe(a)
 		if got := outcome(t, a, priority.Standard); got != "waits" {
 			t.Fatalf("fifth Standard request after re-observing the same digest: %s; want waits", got)
 		}
 		// A newer digest replaces the Gate's count.
 		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 1, TotalPods: 1,
 			Saturation: 0.2, FreshPods: 1, Version: 2, Produced: time.Now()}
-		if _, err := a.Fleet.Digests().Put(d); err != nil {
-			t.Fatal(err)
-		}
-		a.mu.Lock()
-		a.observeLocked("m", a.gates["m"])
-		a.mu.Unlock()
+		put(t, a, d)
+		observe(a)
 		if got := outcome(t, a, priority.Standard); got != "admitted" {
 			t.Fatalf("after a fresh digest: %s; want admitted", got)
 		}
@@ -186,19 +194,13 @@ func TestAdmissionCountsClusterGateWaiting(t *testing.T) {
 		a, _ := admissionOver(t)
 		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 4, TotalPods: 4,
 			Saturation: 0.3, FreshPods: 4, Version: 1, Produced: time.Now()}
-		if _, err := a.Fleet.Digests().Put(d); err != nil {
-			t.Fatal(err)
-		}
+		put(t, a, d)
 		if got := outcome(t, a, priority.Standard); got != "admitted" {
 			t.Fatalf("Standard at 0.3 with nothing waiting in Tier-1: %s; want admitted", got)
 		}
 		d.Version, d.GateWaiting = 2, 10
-		if _, err := a.Fleet.Digests().Put(d); err != nil {
-			t.Fatal(err)
-		}
-		a.mu.Lock()
-		a.observeLocked("m", a.gates["m"]) // what Run does every 200 ms
-		a.mu.Unlock()
+		put(t, a, d)
+		observe(a)
 		if s := a.saturation("m", "home", true); s.Value != 0.8 {
 			t.Fatalf("saturation %v; want 0.3 + 10 / (4 pods × 5) = 0.8", s.Value)
 		}
@@ -292,9 +294,7 @@ func TestAdmissionBacklogFollowsAdmitRate(t *testing.T) {
 		a, _ := admissionOver(t)
 		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 4, TotalPods: 4,
 			Saturation: 2, FreshPods: 4, AdmitRate: 100, Version: 1, Produced: time.Now()}
-		if _, err := a.Fleet.Digests().Put(d); err != nil {
-			t.Fatal(err)
-		}
+		put(t, a, d)
 		if s := a.saturation("m", "home", true); s.Backlog != 2.5 {
 			t.Fatalf("backlog %v; want 100/s × 0.5 s / (4 pods × 5) = 2.5", s.Backlog)
 		}
@@ -312,9 +312,7 @@ func TestAdmissionBacklogFollowsAdmitRate(t *testing.T) {
 
 		d2 := d
 		d2.Cluster, d2.Saturation, d2.AdmitRate = "h2", 0, 300
-		if _, err := a.Fleet.Digests().Put(d2); err != nil {
-			t.Fatal(err)
-		}
+		put(t, a, d2)
 		// 10 + 30 requests over 8 pods of 5: 1.0.
 		if s := a.saturation("m", "home", true); math.Abs(s.Backlog-1) > 1e-9 || s.Value != 1 {
 			t.Fatalf("two clusters: saturation %v backlog %v; want 1 and 1", s.Value, s.Backlog)
