@@ -589,6 +589,12 @@ func TestMetrics(t *testing.T) {
 	m, reg := newMetrics(t)
 	tn := tenantsOf(t, m, map[string]config.TenantSpec{"team-a": {MaxBand: config.BandStandard}})
 	g := &Gate{Pool: "llama", Metrics: m, Tenants: tn}
+	withBacklog := full
+	withBacklog.Backlog = 0.5
+	g.Observe(withBacklog)
+	if v := testkit.Value(t, m.backlog.WithLabelValues("llama")); v != 0.5 {
+		t.Errorf("backlog = %v; want 0.5", v)
+	}
 	g.Observe(full)
 	o := newOutcome()
 	o.submit(g, "q1", Request{Tenant: "team-a", Band: tn.Band("team-a", Critical)})

@@ -25,6 +25,7 @@ type Metrics struct {
 	spilled    *prometheus.CounterVec
 	downgrades *prometheus.CounterVec
 	saturation *prometheus.GaugeVec
+	backlog    *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -59,9 +60,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "meridian_priority_pool_saturation",
 			Help: "Last observed pool saturation (1 = at the thresholds; above 1 = oversubscribed; -1 = unknown, no fresh metrics).",
 		}, []string{"pool"}),
+		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meridian_priority_pool_backlog",
+			Help: "How far past its limits, in saturation, the Gate admits Critical and Standard requests because the Gates behind the pool hold them (Tier-2: each cluster's backlog; 0 at Tier-1).",
+		}, []string{"pool"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.queued, m.wait, m.decisions, m.shed, m.spilled, m.downgrades, m.saturation} {
+		for _, c := range []prometheus.Collector{m.queued, m.wait, m.decisions, m.shed, m.spilled, m.downgrades, m.saturation, m.backlog} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("priority: registering metrics: %w", err)
 			}
@@ -84,6 +89,7 @@ type poolMetrics struct {
 	shed       [numBands][numReasons]prometheus.Counter
 	spilled    [numBands]prometheus.Counter
 	saturation prometheus.Gauge
+	backlog    prometheus.Gauge
 
 	// The children counted on every queued request.
 	queuedBy labelcache.Cache[bandTenant, prometheus.Gauge]
@@ -104,6 +110,7 @@ func (m *Metrics) pool(name string) *poolMetrics {
 		queued:     m.queued.MustCurryWith(l),
 		wait:       m.wait.MustCurryWith(l),
 		saturation: m.saturation.With(l),
+		backlog:    m.backlog.With(l),
 	}
 	for b := Band(0); b < numBands; b++ {
 		pm.decisions[b] = m.decisions.WithLabelValues(name, b.String())
@@ -153,5 +160,6 @@ func (pm *poolMetrics) observe(s Saturation) {
 		} else {
 			pm.saturation.Set(-1)
 		}
+		pm.backlog.Set(s.Backlog)
 	}
 }
