@@ -60,7 +60,8 @@ type Config struct {
 	// computed. Zero means 30 s.
 	Window time.Duration
 	// QueueJump is the change of a pool's waiting requests (summed over
-	// ready pods) since the last publication that triggers one at once.
+	// ready pods), or of the requests waiting in its Gate, since the last
+	// publication that triggers one at once.
 	// Zero means 5, one pod's worth of queue at GIE's saturation
 	// threshold (Thresholds.Queue).
 	QueueJump int
@@ -417,7 +418,8 @@ func clamp01(f float64) float64 {
 
 // significant reports whether cur differs from prev enough to publish
 // before the regular interval: a pool appeared or went, its ready pods
-// changed, its queue moved by QueueJump or its error rate by ErrorJump.
+// changed, its queue or the waiting in its Gate moved by QueueJump, or its
+// error rate by ErrorJump.
 func significant(prev, cur *tier1v1.ClusterDigest, cfg Config) bool {
 	if prev == nil || len(prev.Pools) != len(cur.Pools) {
 		return true
@@ -427,6 +429,7 @@ func significant(prev, cur *tier1v1.ClusterDigest, cfg Config) bool {
 		switch {
 		case o.Pool != c.Pool, o.ReadyPods != c.ReadyPods, o.TotalPods != c.TotalPods,
 			absDiff(o.QueueTotal, c.QueueTotal) >= cfg.QueueJump,
+			absDiff(o.GateWaiting, c.GateWaiting) >= cfg.QueueJump,
 			math.Abs(o.ErrorRate-c.ErrorRate) >= cfg.ErrorJump:
 			return true
 		}

@@ -83,6 +83,7 @@ func TestPublishTiming(t *testing.T) {
 			m.ScrapedAt = time.Now().Add(-3 * time.Second)
 			eps[2].SetMetrics(&m)
 		}, true},
+		{"gate queue jump", nil, true}, // five requests start waiting in the pool's Gate
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -101,7 +102,15 @@ func TestPublishTiming(t *testing.T) {
 					t.Fatalf("at start: version %d, want 1", v)
 				}
 				time.Sleep(120 * time.Millisecond) // between two 50 ms checks
-				tc.change(eps)
+				if tc.change != nil {
+					tc.change(eps)
+				} else {
+					gate := gw.Gate("chat")
+					gate.Observe(priority.Saturation{Value: 2, PerRequest: 0.1, Fresh: 3})
+					for range 5 {
+						defer gate.Submit(priority.Request{Tenant: "t", Band: priority.Standard}, func(*priority.Ticket, error) {})()
+					}
+				}
 				time.Sleep(30 * time.Millisecond) // the check at 150 ms
 				synctest.Wait()
 				want := uint64(1)
