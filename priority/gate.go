@@ -431,6 +431,14 @@ func (g *Gate) updateRate() {
 	g.rateAt, g.rateGranted = now, g.granted
 }
 
+// Config returns the Gate's configuration in force, defaults filled in.
+func (g *Gate) Config() Config {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.init()
+	return g.cfg
+}
+
 // AdmitRate is how many requests per second the Gate has let into the
 // pool lately: an exponential average over about two seconds, updated at
 // each observation (Tier-1: each 50 ms scrape). Tier-1 ships it in its

@@ -52,9 +52,11 @@ type Digest struct {
 	// the pool: taken in by the cluster but not yet let into the pool, so
 	// not in Saturation. Tier-2 counts them as load (see
 	// priority.Saturation.Backlog). AdmitRate is the requests per second
-	// that Gate let into the pool lately.
-	GateWaiting int
-	AdmitRate   float64
+	// that Gate let into the pool lately, GateMaxQueued the most it holds
+	// waiting (0: not reported).
+	GateWaiting   int
+	AdmitRate     float64
+	GateMaxQueued int
 
 	// Version orders digests of one pool from one producer; Produced is
 	// when the producer computed it, on its clock. Digests order by
@@ -125,7 +127,7 @@ func (d *Digest) Validate() error {
 		v    int
 	}{{"readyPods", d.ReadyPods}, {"totalPods", d.TotalPods}, {"queueTotal", d.QueueTotal}, {"queueMax", d.QueueMax},
 		{"queueMin", d.QueueMin}, {"running", d.Running}, {"inFlight", d.InFlight},
-		{"freshPods", d.FreshPods}, {"stalePods", d.StalePods}, {"gateWaiting", d.GateWaiting}} {
+		{"freshPods", d.FreshPods}, {"stalePods", d.StalePods}, {"gateWaiting", d.GateWaiting}, {"gateMaxQueued", d.GateMaxQueued}} {
 		if f.v < 0 || f.v > math.MaxInt32 {
 			return bad("%s %d out of range", f.name, f.v)
 		}
@@ -196,7 +198,8 @@ func (d *Digest) appendBinary(b []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(d.StalePods))
 	// So did GateWaiting and AdmitRate (in thousandths).
 	b = binary.AppendUvarint(b, uint64(d.GateWaiting))
-	return binary.AppendUvarint(b, uint64(math.Round(d.AdmitRate*1000)))
+	b = binary.AppendUvarint(b, uint64(math.Round(d.AdmitRate*1000)))
+	return binary.AppendUvarint(b, uint64(d.GateMaxQueued))
 }
 
 // UnmarshalBinary decodes one digest and validates it.
@@ -227,6 +230,9 @@ func (d *Digest) UnmarshalBinary(buf []byte) error {
 	if len(r.buf) > 0 {
 		d.GateWaiting = int(r.uvarint(math.MaxInt32))
 		d.AdmitRate = float64(r.uvarint(maxAdmitRate*1000)) / 1000
+	}
+	if len(r.buf) > 0 {
+		d.GateMaxQueued = int(r.uvarint(math.MaxInt32))
 	}
 	if r.err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidDigest, r.err)

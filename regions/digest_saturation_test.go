@@ -17,11 +17,11 @@ func TestDigestSaturation(t *testing.T) {
 		t.Errorf("saturation %v fresh %d stale %d; want 1.37, 8, 2", out.Saturation, out.FreshPods, out.StalePods)
 	}
 
-	// The old encoding ends at Produced: drop the five trailing uvarints
-	// (1.37 × 65,535 takes 3 bytes, 8, 2 and GateWaiting's and AdmitRate's
-	// zeros one each).
+	// The old encoding ends at Produced: drop the six trailing uvarints
+	// (1.37 × 65,535 takes 3 bytes, 8, 2 and the zeros of GateWaiting,
+	// AdmitRate and GateMaxQueued one each).
 	var old Digest
-	if err := old.UnmarshalBinary(b[:len(b)-7]); err != nil {
+	if err := old.UnmarshalBinary(b[:len(b)-8]); err != nil {
 		t.Fatalf("digest without saturation: %v", err)
 	}
 	if old.Saturation != 0 || old.FreshPods != 0 || !old.Produced.Equal(in.Produced) {
@@ -41,21 +41,21 @@ func TestDigestSaturation(t *testing.T) {
 // digest encoded before them decodes with none waiting and no rate.
 func TestDigestGateWaiting(t *testing.T) {
 	in := sampleDigest()
-	in.Saturation, in.FreshPods, in.GateWaiting, in.AdmitRate = 0.4, 4, 300, 2.5
+	in.Saturation, in.FreshPods, in.GateWaiting, in.AdmitRate, in.GateMaxQueued = 0.4, 4, 300, 2.5, 1000
 	b, out := roundTrip(t, in)
-	if out.GateWaiting != 300 || out.AdmitRate != 2.5 {
-		t.Errorf("gate waiting %d admit rate %v; want 300, 2.5", out.GateWaiting, out.AdmitRate)
+	if out.GateWaiting != 300 || out.AdmitRate != 2.5 || out.GateMaxQueued != 1000 {
+		t.Errorf("gate waiting %d admit rate %v max queued %d; want 300, 2.5, 1000", out.GateWaiting, out.AdmitRate, out.GateMaxQueued)
 	}
 	var old Digest
-	if err := old.UnmarshalBinary(b[:len(b)-4]); err != nil { // 300 and 2,500 take two bytes each
+	if err := old.UnmarshalBinary(b[:len(b)-6]); err != nil { // 300, 2,500 and 1,000 take two bytes each
 		t.Fatalf("digest without gate waiting: %v", err)
 	}
 	if old.GateWaiting != 0 || old.AdmitRate != 0 || old.FreshPods != 4 {
 		t.Errorf("old digest decoded as gate waiting %d admit rate %v fresh %d; want 0, 0, 4", old.GateWaiting, old.AdmitRate, old.FreshPods)
 	}
-	for _, bad := range []Digest{{GateWaiting: -1}, {AdmitRate: -1}, {AdmitRate: math.NaN()}, {AdmitRate: maxAdmitRate + 1}} {
+	for _, bad := range []Digest{{GateWaiting: -1}, {AdmitRate: -1}, {AdmitRate: math.NaN()}, {AdmitRate: maxAdmitRate + 1}, {GateMaxQueued: -1}} {
 		d := sampleDigest()
-		d.GateWaiting, d.AdmitRate = bad.GateWaiting, bad.AdmitRate
+		d.GateWaiting, d.AdmitRate, d.GateMaxQueued = bad.GateWaiting, bad.AdmitRate, bad.GateMaxQueued
 		if _, err := d.AppendBinary(nil); !errors.Is(err, ErrInvalidDigest) {
 			t.Errorf("gate waiting %d admit rate %v: err %v, want ErrInvalidDigest", bad.GateWaiting, bad.AdmitRate, err)
 		}

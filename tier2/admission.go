@@ -300,7 +300,10 @@ func (a *Admission) localClusterHasHeadroom(model string) bool {
 // Tier-1's Gate count as waiting on the pods: they hold no pod yet, but
 // are the cluster's to serve before anything Tier-2 sends now. Its
 // Backlog is what the cluster's Gate lets in over queueTime, and at least
-// MinClusterBacklog per pod (none when queueTime is zero).
+// MinClusterBacklog per pod (none when queueTime is zero), but never more
+// than half of what that Gate holds waiting (its maxQueued; 1000, the
+// default, when the digest does not say): past its bound it would refuse
+// what Tier-2 could have queued.
 func digestSaturation(d *regions.Digest, th priority.Thresholds, queueTime time.Duration) priority.Saturation {
 	var s priority.Saturation
 	switch {
@@ -315,7 +318,12 @@ func digestSaturation(d *regions.Digest, th priority.Thresholds, queueTime time.
 	}
 	s.Value += float64(d.GateWaiting) * s.PerRequest
 	if queueTime > 0 {
-		s.Backlog = max(MinClusterBacklog*float64(s.Fresh), d.AdmitRate*queueTime.Seconds()) * s.PerRequest
+		bound := d.GateMaxQueued
+		if bound <= 0 {
+			bound = priority.DefaultConfig().MaxQueued
+		}
+		n := max(MinClusterBacklog*float64(s.Fresh), d.AdmitRate*queueTime.Seconds())
+		s.Backlog = min(n, float64(bound)/2) * s.PerRequest
 	}
 	return s
 }

@@ -317,6 +317,14 @@ func TestAdmissionBacklogFollowsAdmitRate(t *testing.T) {
 		if s := a.saturation("m", "home", true); math.Abs(s.Backlog-1) > 1e-9 || s.Value != 1 {
 			t.Fatalf("two clusters: saturation %v backlog %v; want 1 and 1", s.Value, s.Backlog)
 		}
+
+		// Never more than half of what the cluster's Gate holds: at 300 a
+		// second, 100 ms is 30 requests, but a Gate of 40 takes 20.
+		d2.Version, d2.GateMaxQueued = d2.Version+1, 40
+		put(t, a, d2)
+		if s := a.saturation("m", "home", true); math.Abs(s.Backlog-0.75) > 1e-9 {
+			t.Fatalf("a cluster Gate of 40: backlog %v; want (10 + 20) / 40 = 0.75", s.Backlog)
+		}
 	})
 }
 

@@ -215,6 +215,14 @@ func (v PoolView) Waiting() int {
 	return v.state.gate.Len()
 }
 
+// MaxQueued is the most requests the pool's Gate holds waiting.
+func (v PoolView) MaxQueued() int {
+	if v.state == nil {
+		return 0
+	}
+	return v.state.gate.Config().MaxQueued
+}
+
 // AdmitRate is the requests per second the pool's Gate let in lately
 // (priority.Gate.AdmitRate).
 func (v PoolView) AdmitRate() float64 {

@@ -387,6 +387,7 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 	pd.StalePods = uint32(sat.Stale)
 	pd.GateWaiting = uint32(v.Waiting())
 	pd.AdmitRate = min(v.AdmitRate(), 1e7) // a digest bounds it (regions)
+	pd.GateMaxQueued = uint32(v.MaxQueued())
 	p50, p99, errRate := v.TTFT(now, cfg.Window)
 	pd.TtftP50Seconds, pd.TtftP99Seconds = p50.Seconds(), p99.Seconds()
 	pd.ErrorRate = clamp01(errRate)

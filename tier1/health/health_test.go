@@ -247,6 +247,7 @@ func TestPoolDigest(t *testing.T) {
 			{"headroom", pd.Headroom, (0.5 + 0 + 0.8) / 4},
 			{"saturation", pd.Saturation, (0.5 + 2 + 0.2) / 3},
 			{"gate waiting", float64(pd.GateWaiting), 1},
+			{"gate max queued", float64(pd.GateMaxQueued), 1000},
 		}
 		for _, c := range checks {
 			if math.Abs(c.got-c.want) > 1e-9 {

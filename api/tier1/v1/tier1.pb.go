@@ -190,7 +190,9 @@ type PoolDigest struct {
 	GateWaiting uint32 `protobuf:"varint,24,opt,name=gate_waiting,json=gateWaiting,proto3" json:"gate_waiting,omitempty"`
 	// Requests per second Tier-1's Gate let into the pool lately (an
 	// exponential average over about two seconds).
-	AdmitRate     float64 `protobuf:"fixed64,25,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
+	AdmitRate float64 `protobuf:"fixed64,25,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
+	// The most requests that Gate holds waiting (its maxQueued).
+	GateMaxQueued uint32 `protobuf:"varint,26,opt,name=gate_max_queued,json=gateMaxQueued,proto3" json:"gate_max_queued,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -396,6 +398,13 @@ func (x *PoolDigest) GetGateWaiting() uint32 {
 func (x *PoolDigest) GetAdmitRate() float64 {
 	if x != nil {
 		return x.AdmitRate
+	}
+	return 0
+}
+
+func (x *PoolDigest) GetGateMaxQueued() uint32 {
+	if x != nil {
+		return x.GateMaxQueued
 	}
 	return 0
 }
@@ -619,7 +628,7 @@ const file_tier1_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x123\n" +
 	"\x05pools\x18\x03 \x03(\v2\x1d.meridian.tier1.v1.PoolDigestR\x05pools\x12\x18\n" +
-	"\areplica\x18\x04 \x01(\tR\areplica\"\x96\x06\n" +
+	"\areplica\x18\x04 \x01(\tR\areplica\"\xbe\x06\n" +
 	"\n" +
 	"PoolDigest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x14\n" +
@@ -656,7 +665,8 @@ const file_tier1_proto_rawDesc = "" +
 	"stale_pods\x18\x17 \x01(\rR\tstalePods\x12!\n" +
 	"\fgate_waiting\x18\x18 \x01(\rR\vgateWaiting\x12\x1d\n" +
 	"\n" +
-	"admit_rate\x18\x19 \x01(\x01R\tadmitRate\"\x98\x01\n" +
+	"admit_rate\x18\x19 \x01(\x01R\tadmitRate\x12&\n" +
+	"\x0fgate_max_queued\x18\x1a \x01(\rR\rgateMaxQueued\"\x98\x01\n" +
 	"\n" +
 	"PeerEvents\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x126\n" +
