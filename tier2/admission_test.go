@@ -58,6 +58,13 @@ func put(t *testing.T, a *Admission, d regions.Digest) {
 	}
 }
 
+// homeDigest is cluster h1's digest of model m in the home Region: its
+// saturation over pods fresh pods, produced now, at version v.
+func homeDigest(pods int, sat float64, v uint64) regions.Digest {
+	return regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: pods, TotalPods: pods,
+		Saturation: sat, FreshPods: pods, Version: v, Produced: time.Now()}
+}
+
 // observe hands every Gate its saturation if a digest changed: what Run
 // does every 200 ms.
 func observe(a *Admission) {
@@ -175,8 +182,7 @@ func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 			t.Fatalf("fifth Standard request after re-observing the same digest: %s; want waits", got)
 		}
 		// A newer digest replaces the Gate's count.
-		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 1, TotalPods: 1,
-			Saturation: 0.2, FreshPods: 1, Version: 2, Produced: time.Now()}
+		d := homeDigest(1, 0.2, 2)
 		put(t, a, d)
 		observe(a)
 		if got := outcome(t, a, priority.Standard); got != "admitted" {
@@ -192,8 +198,7 @@ func TestAdmissionObservesChangedDigestsOnly(t *testing.T) {
 func TestAdmissionCountsClusterGateWaiting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, _ := admissionOver(t)
-		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 4, TotalPods: 4,
-			Saturation: 0.3, FreshPods: 4, Version: 1, Produced: time.Now()}
+		d := homeDigest(4, 0.3, 1)
 		put(t, a, d)
 		if got := outcome(t, a, priority.Standard); got != "admitted" {
 			t.Fatalf("Standard at 0.3 with nothing waiting in Tier-1: %s; want admitted", got)
@@ -292,8 +297,8 @@ func TestAdmissionConfigureLive(t *testing.T) {
 func TestAdmissionBacklogFollowsAdmitRate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, _ := admissionOver(t)
-		d := regions.Digest{Region: "home", Cluster: "h1", Pool: "m", Model: "m", ReadyPods: 4, TotalPods: 4,
-			Saturation: 2, FreshPods: 4, AdmitRate: 100, Version: 1, Produced: time.Now()}
+		d := homeDigest(4, 2, 1)
+		d.AdmitRate = 100
 		put(t, a, d)
 		if s := a.saturation("m", "home", true); s.Backlog != 2.5 {
 			t.Fatalf("backlog %v; want 100/s × 0.5 s / (4 pods × 5) = 2.5", s.Backlog)
