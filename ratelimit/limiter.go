@@ -123,6 +123,38 @@ func (d *Decision) Headers(set func(key, value string)) {
 	}
 }
 
+// AppendHeaders appends the header lines Headers sets ("Key: value\r\n",
+// keys in canonical form) to b, without allocating: a front door that
+// writes its response heads itself puts them there directly.
+func (d *Decision) AppendHeaders(b []byte) []byte {
+	for k, q := range [2]*Quota{&d.Requests, &d.Tokens} {
+		if q.Limit <= 0 {
+			continue
+		}
+		names := &canonicalQuotaHeaders[k]
+		b = append(append(b, names[0]...), ": "...)
+		b = append(strconv.AppendInt(b, q.Limit, 10), "\r\n"...)
+		b = append(append(b, names[1]...), ": "...)
+		b = append(strconv.AppendInt(b, q.Remaining, 10), "\r\n"...)
+		b = append(append(b, names[2]...), ": "...)
+		b = append(appendReset(b, q.Reset), "\r\n"...)
+	}
+	if !d.Allowed {
+		b = append(b, "Retry-After: "...)
+		b = append(strconv.AppendInt(b, retryAfterSeconds(d.RetryAfter), 10), "\r\n"...)
+		b = append(b, "Retry-After-Ms: "...)
+		b = append(strconv.AppendInt(b, retryAfterMillis(d.RetryAfter), 10), "\r\n"...)
+	}
+	return b
+}
+
+// canonicalQuotaHeaders are quotaHeaders as http.CanonicalHeaderKey
+// writes them.
+var canonicalQuotaHeaders = [2][3]string{
+	{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
+	{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
+}
+
 // quotaHeaders name the requests' and the tokens' limit, remaining and
 // reset headers.
 var quotaHeaders = [2][3]string{

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -871,5 +872,52 @@ func TestHeadersAllocateOnce(t *testing.T) {
 	nop := func(k, v string) {}
 	if n := testing.AllocsPerRun(100, func() { d.Headers(nop) }); n != 1 {
 		t.Errorf("Headers allocated %v times; want 1", n)
+	}
+}
+
+// TestAppendHeadersMatchesHeaders: AppendHeaders writes what Headers sets,
+// keys canonical, for allowed and refused decisions with and without each
+// quota, and allocates nothing.
+func TestAppendHeadersMatchesHeaders(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 20))
+	quota := func() Quota {
+		if rng.IntN(4) == 0 {
+			return Quota{}
+		}
+		return Quota{Limit: rng.Int64N(1 << 40), Remaining: rng.Int64N(1 << 40), Reset: time.Duration(rng.Int64N(int64(time.Hour)))}
+	}
+	for i := 0; i < 2000; i++ {
+		d := Decision{Allowed: rng.IntN(2) == 0, RetryAfter: time.Duration(rng.Int64N(int64(time.Minute))), Requests: quota(), Tokens: quota()}
+		want := map[string]string{}
+		d.Headers(func(k, v string) { want[http.CanonicalHeaderKey(k)] = v })
+		got := map[string]string{}
+		lines := string(d.AppendHeaders(nil))
+		for line := range strings.SplitSeq(lines, "\r\n") {
+			if line == "" {
+				continue
+			}
+			k, v, ok := strings.Cut(line, ": ")
+			if !ok || http.CanonicalHeaderKey(k) != k {
+				t.Fatalf("line %q of %q", line, lines)
+			}
+			if _, dup := got[k]; dup {
+				t.Fatalf("%s twice in %q", k, lines)
+			}
+			got[k] = v
+		}
+		if !strings.HasSuffix(lines, "\r\n") && lines != "" {
+			t.Fatalf("%q does not end its last line", lines)
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("%+v: AppendHeaders %v; Headers %v", d, got, want)
+		}
+	}
+	if raceEnabled {
+		return
+	}
+	d := Decision{Allowed: false, RetryAfter: time.Second, Requests: Quota{Limit: 10, Remaining: 1, Reset: time.Second}, Tokens: Quota{Limit: 100, Remaining: 5, Reset: time.Minute}}
+	buf := make([]byte, 0, 512)
+	if n := testing.AllocsPerRun(100, func() { buf = d.AppendHeaders(buf[:0]) }); n != 0 {
+		t.Errorf("AppendHeaders allocated %v times; want 0", n)
 	}
 }

@@ -123,12 +123,19 @@ func (d *chunkDecoder) decode(b []byte, out *[]byte, limit int64) (int, bool, er
 
 // upstreamHead is what the event loops read of a Tier-1's response head.
 type upstreamHead struct {
-	status  int
-	header  http.Header
-	length  int64 // Content-Length; -1: none
-	chunked bool
-	close   bool // the connection ends with this response
+	status int
+	// fields are the header lines in order, keys canonical, values
+	// substrings of one copy of the head.
+	fields      []hfield
+	contentType string // the first Content-Type value
+	date        bool   // a Date line is among the fields
+	length      int64  // Content-Length; -1: none
+	chunked     bool
+	close       bool // the connection ends with this response
 }
+
+// hfield is one header line.
+type hfield struct{ k, v string }
 
 var errResponseHead = errors.New("malformed response head")
 
@@ -138,8 +145,11 @@ var errResponseHead = errors.New("malformed response head")
 // and the body's framing. Anything it does not expect (a header line
 // folded, a transfer coding other than chunked, two lengths) is an error:
 // the attempt fails, as it would on a malformed response.
-func parseResponseHead(b []byte, keys map[string]string) (upstreamHead, error) {
-	h := upstreamHead{length: -1}
+//
+// The fields are appended to fields[:0] (the caller's array: no map is
+// built, the loop writes them to the caller's head as they are).
+func parseResponseHead(b []byte, keys map[string]string, fields []hfield) (upstreamHead, error) {
+	h := upstreamHead{length: -1, fields: fields[:0]}
 	i := bytes.Index(b, []byte("\r\n"))
 	if i < 12 || !bytes.HasPrefix(b, []byte("HTTP/1.")) || b[8] != ' ' {
 		return h, errResponseHead
@@ -165,9 +175,7 @@ func parseResponseHead(b []byte, keys map[string]string) (upstreamHead, error) {
 	}
 	// The header lines are copied once; every value is a substring.
 	rest := string(b[i+2:])
-	h.header = make(http.Header, 8)
-	var vals []string // the first values' slices, one array
-	nvals := 0
+	lengths := 0
 	for {
 		line, r, ok := strings.Cut(rest, "\r\n")
 		if !ok {
@@ -195,6 +203,7 @@ func parseResponseHead(b []byte, keys map[string]string) (upstreamHead, error) {
 		}
 		switch key {
 		case "Content-Length":
+			lengths++
 			n, err := strconv.ParseInt(val, 10, 64)
 			if err != nil || n < 0 || h.length >= 0 && h.length != n {
 				return h, errResponseHead
@@ -211,24 +220,21 @@ func parseResponseHead(b []byte, keys map[string]string) (upstreamHead, error) {
 			} else if minor == '0' && httpguts.HeaderValuesContainsToken([]string{val}, "keep-alive") {
 				h.close = false
 			}
+		case "Content-Type":
+			if h.contentType == "" {
+				h.contentType = val
+			}
+		case "Date":
+			h.date = true
 		}
-		if vals == nil {
-			vals = make([]string, 8)
-		}
-		if vs := h.header[key]; len(vs) > 0 || nvals == len(vals) {
-			h.header[key] = append(vs, val)
-		} else {
-			vals[nvals] = val
-			h.header[key] = vals[nvals : nvals+1 : nvals+1]
-			nvals++
-		}
+		h.fields = append(h.fields, hfield{key, val})
 	}
 	switch {
 	case h.status < 200 || h.status == http.StatusNoContent || h.status == http.StatusNotModified:
 		h.length, h.chunked = 0, false
 	case h.chunked:
 		h.length = -1 // chunked wins over a length (RFC 9112 §6.3)
-		h.close = h.close || len(h.header["Content-Length"]) > 0
+		h.close = h.close || lengths > 0
 	}
 	return h, nil
 }

@@ -299,28 +299,44 @@ func passedOn(k string) bool {
 	return true
 }
 
-// hiddenResponseHeaders name upstream response headers callers do not see
-// (pod addresses) unless Config.ExposeUpstream.
-var hiddenResponseHeaders = []string{"X-Gateway-Destination-Endpoint-Served", "X-Gateway-Destination-Endpoint"}
-
 // responseHeader adds to h what the caller sees of a Tier-1's response
-// headers, and the cluster that served it.
+// headers, and the cluster that served it. A header Tier-2 set itself
+// (h has it already: the rate limits) keeps Tier-2's value.
 func (r *Router) responseHeader(h, up http.Header, c *call) {
 	for k, vs := range up {
-		switch k {
-		case "Connection", "Keep-Alive", "Transfer-Encoding", "Content-Length":
+		if _, set := h[k]; set || !passedBack(k, r.cfg.ExposeUpstream) {
 			continue
 		}
 		h[k] = vs
 	}
-	if !r.cfg.ExposeUpstream {
-		for _, k := range hiddenResponseHeaders {
-			h.Del(k)
-		}
-	}
 	c.servedHdr = [...]string{c.served.Region, c.served.Cluster} // h.Set, without a slice each
 	h["X-Meridian-Region"] = c.servedHdr[0:1:1]
 	h["X-Meridian-Cluster"] = c.servedHdr[1:2:2]
+}
+
+// passedBack reports whether a Tier-1's response header (canonical key)
+// reaches the caller: not one of a hop or of the framing, not the
+// cluster's identity (Tier-2 writes its own), and not the serving pod's
+// address unless expose.
+func passedBack(k string, expose bool) bool {
+	switch k {
+	case "Connection", "Keep-Alive", "Transfer-Encoding", "Content-Length", "X-Meridian-Region", "X-Meridian-Cluster":
+		return false
+	case "X-Gateway-Destination-Endpoint-Served", "X-Gateway-Destination-Endpoint":
+		return expose
+	}
+	return true
+}
+
+// rateLimitHeader reports whether k (canonical) is one of the rate
+// limiter's headers.
+func rateLimitHeader(k string) bool {
+	switch k {
+	case "X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests",
+		"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens", "Retry-After", "Retry-After-Ms":
+		return true
+	}
+	return false
 }
 
 // relay streams a response back, rewriting the model name to the public

@@ -967,6 +967,14 @@ func bodyAllowed(code int) bool {
 // body's Content-Length, or -1 for a chunked body; sniff is the first of
 // the body, for a Content-Type the handler did not set (as net/http does).
 func appendHead(b []byte, code int, h http.Header, sniff []byte, length int64, keep bool) []byte {
+	b = appendStatus(b, code, h, sniff, true)
+	return appendFraming(b, code, length, keep)
+}
+
+// appendStatus appends appendHead's status line and h's fields (with a
+// Content-Type sniffed from sniff if h has none, and a Date if date and h
+// has none): a head that more fields may follow before appendFraming.
+func appendStatus(b []byte, code int, h http.Header, sniff []byte, date bool) []byte {
 	b = append(b, "HTTP/1.1 "...)
 	b = strconv.AppendInt(b, int64(code), 10)
 	b = append(b, ' ')
@@ -975,16 +983,22 @@ func appendHead(b []byte, code int, h http.Header, sniff []byte, length int64, k
 	if _, ok := h["Content-Type"]; !ok && len(sniff) > 0 && bodyAllowed(code) {
 		h.Set("Content-Type", http.DetectContentType(sniff))
 	}
-	if _, ok := h["Date"]; !ok {
+	if _, ok := h["Date"]; !ok && date {
 		b = append(b, "Date: "...)
 		b = time.Now().UTC().AppendFormat(b, http.TimeFormat)
 		b = append(b, "\r\n"...)
 	}
 	for k, vs := range h {
-		if !responseSkip[k] {
+		if !framingField(k) {
 			b = appendField(b, k, vs...)
 		}
 	}
+	return b
+}
+
+// appendFraming ends a head appendStatus began: the body's framing, the
+// connection's, and the blank line.
+func appendFraming(b []byte, code int, length int64, keep bool) []byte {
 	switch {
 	case !bodyAllowed(code):
 	case length >= 0:
@@ -1000,8 +1014,15 @@ func appendHead(b []byte, code int, h http.Header, sniff []byte, length int64, k
 	return append(b, "\r\n"...)
 }
 
-// responseSkip are the headers appendHead writes itself.
-var responseSkip = map[string]bool{"Content-Length": true, "Transfer-Encoding": true, "Connection": true}
+// framingField reports the headers appendHead writes itself, and those
+// of a hop (never passed on).
+func framingField(k string) bool {
+	switch k {
+	case "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive":
+		return true
+	}
+	return false
+}
 
 // appendChunk appends p as one chunk of a chunked body.
 func appendChunk(b, p []byte) []byte {

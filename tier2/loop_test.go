@@ -229,6 +229,7 @@ func TestParseResponseHead(t *testing.T) {
 	good := []string{
 		"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nContent-Length: 12\r\ncontent-type: application/json\r\nX-A: 1\r\nX-A: 2\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nDate: Sat, 05 Dec 2026 04:00:00 GMT\r\nContent-Type: text/plain\r\nContent-Type: text/html\r\nContent-Length: 0\r\n\r\n",
 		"HTTP/1.1 204 No Content\r\n\r\n",
 		"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n",
 		"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\n",
@@ -238,9 +239,13 @@ func TestParseResponseHead(t *testing.T) {
 		"HTTP/1.1 200\r\nContent-Length: 1\r\n\r\n",
 	}
 	for _, head := range good {
-		h, err := parseResponseHead([]byte(head), map[string]string{})
+		h, err := parseResponseHead([]byte(head), map[string]string{}, nil)
 		if err != nil {
 			t.Fatalf("%q: %v", head, err)
+		}
+		header := http.Header{}
+		for _, f := range h.fields {
+			header[f.k] = append(header[f.k], f.v)
 		}
 		want, err := http.ReadResponse(bufio.NewReader(strings.NewReader(head)), nil)
 		if err != nil {
@@ -248,8 +253,9 @@ func TestParseResponseHead(t *testing.T) {
 		}
 		chunked := len(want.TransferEncoding) > 0
 		if h.status != want.StatusCode || h.chunked != chunked || h.close != want.Close ||
-			(!chunked && h.length != want.ContentLength) || fmt.Sprint(dropFraming(h.header)) != fmt.Sprint(dropFraming(want.Header)) {
-			t.Errorf("%q: got %d %v %d close %v %v; net/http %d %v %d close %v %v", head, h.status, h.chunked, h.length, h.close, h.header,
+			(!chunked && h.length != want.ContentLength) || fmt.Sprint(dropFraming(header)) != fmt.Sprint(dropFraming(want.Header)) ||
+			h.contentType != want.Header.Get("Content-Type") || h.date != (want.Header.Get("Date") != "") {
+			t.Errorf("%q: got %d %v %d close %v %v; net/http %d %v %d close %v %v", head, h.status, h.chunked, h.length, h.close, header,
 				want.StatusCode, want.TransferEncoding, want.ContentLength, want.Close, want.Header)
 		}
 	}
@@ -263,7 +269,7 @@ func TestParseResponseHead(t *testing.T) {
 		"HTTP/1.1 200 OK\r\nBad Key: 1\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nX-A: 1",
 	} {
-		if _, err := parseResponseHead([]byte(head), map[string]string{}); err == nil {
+		if _, err := parseResponseHead([]byte(head), map[string]string{}, nil); err == nil {
 			t.Errorf("%q: accepted", head)
 		}
 	}

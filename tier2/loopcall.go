@@ -45,8 +45,10 @@ func (s *LoopServer) inference(cc *clientConn, req *http.Request, raw []byte) {
 	}
 	stripInternal(req.Header)
 	st := r.snap.Load()
-	c := &call{start: r.cfg.Now()}
-	lc := &loopCall{s: s, r: r, st: st, cc: cc, c: c, req: req, h: cc.responseHeader()}
+	lc := &loopCall{s: s, r: r, st: st, cc: cc, req: req, h: cc.responseHeader()}
+	c := &lc.call // one allocation for both
+	c.start = r.cfg.Now()
+	lc.c = c
 	cc.last = lc
 	// The stages, as serveStages runs them, each deciding at once.
 	var e *request.APIError
@@ -118,7 +120,10 @@ func (lc *loopCall) admitted() {
 		cc.done()
 		return
 	}
-	if e := r.rateLimit(st, c, headerWriter{lc.h}, lc.req); e != nil {
+	// The rate-limit headers go on whatever this call answers: written
+	// into its head directly (appendHead), or into lc.h for an error.
+	lc.rlOwed = r.cfg.Limiter != nil
+	if e := r.rateLimit(st, c, nil, lc.req); e != nil {
 		lc.reject(e)
 		return
 	}
@@ -136,6 +141,9 @@ func (lc *loopCall) admitted() {
 		cc.goServe(lc.req, c.raw, func(w http.ResponseWriter, req *http.Request) {
 			for k, vs := range lc.h {
 				w.Header()[k] = vs
+			}
+			if lc.rlOwed {
+				c.rl.Headers(headerSetter(w.Header()))
 			}
 			defer func() {
 				if !c.settled {
@@ -229,6 +237,9 @@ type loopCall struct {
 	c   *call
 	req *http.Request
 	h   http.Header // the caller's response headers
+	// rlOwed: the rate limiter decided, and its headers are not in h
+	// (they go on the response's head, or into h for an error).
+	rlOwed bool
 	// shared: h went to a goroutine (goServe), and is not reused
 	// (clientConn.responseHeader).
 	shared bool
@@ -262,6 +273,9 @@ type loopCall struct {
 	dec      chunkDecoder
 	reusable bool // the connection may carry another request after this response
 	sse      bool
+	upFields []hfield // the Tier-1 response's header lines (their values pin its head)
+	upType   bool     // they carry a Content-Type
+	upDate   bool     // they carry a Date
 	first    bool
 	acct     streamAccount
 	filter   eventFilter
@@ -273,6 +287,8 @@ type loopCall struct {
 	ls        *loopState
 	iov       [5][]byte
 	chunkHead [18]byte
+	upf       [12]hfield // upFields' array
+	call      call       // c's
 }
 
 const (
@@ -303,6 +319,10 @@ func (lc *loopCall) reject(e *request.APIError) {
 
 // respondError writes e with the response headers set so far.
 func (lc *loopCall) respondError(e *request.APIError) {
+	if lc.rlOwed {
+		lc.rlOwed = false
+		lc.c.rl.Headers(headerSetter(lc.h))
+	}
 	w := &bufferWriter{h: lc.h}
 	e.Write(w)
 	lc.cc.respond(w.code, w.h, w.body)
@@ -417,7 +437,7 @@ func (lc *loopCall) send(a *tier1Addr) {
 	b = append(b, a.host...)
 	b = append(b, "\r\n"...)
 	for k, vs := range lc.req.Header {
-		if passedOn(k) && !identityHeader[k] {
+		if passedOn(k) && !identityHeader(k) {
 			b = appendField(b, k, vs...)
 		}
 	}
@@ -438,9 +458,15 @@ func (lc *loopCall) send(a *tier1Addr) {
 	clear(lc.iov[:])
 }
 
-// identityHeader are the headers upstreamHeader sets for Tier-2 (the
+// identityHeader reports whether k is one of the headers upstreamHeader sets for Tier-2 (the
 // caller's were stripped on arrival; these are never passed on).
-var identityHeader = map[string]bool{"X-Meridian-Tenant": true, "X-Meridian-Band": true, "X-Gateway-Inference-Fairness-Id": true, trust.Header: true}
+func identityHeader(k string) bool {
+	switch k {
+	case "X-Meridian-Tenant", "X-Meridian-Band", "X-Gateway-Inference-Fairness-Id", trust.Header:
+		return true
+	}
+	return false
+}
 
 // appendField appends header lines "k: v". Values are the caller's (checked
 // as net/http's server checks them) or Tier-1's (parsed by net/http);
@@ -532,7 +558,7 @@ func (lc *loopCall) traffic(c gnet.Conn) {
 			}
 			return
 		}
-		resp, err := parseResponseHead(buf[:end+4], lc.ls.keys)
+		resp, err := parseResponseHead(buf[:end+4], lc.ls.keys, lc.upf[:0])
 		c.Discard(end + 4)
 		lc.stale = false
 		if err != nil {
@@ -577,6 +603,33 @@ func (lc *loopCall) traffic(c gnet.Conn) {
 	}
 }
 
+// appendHead appends the caller's response head: the headers the call
+// set (lc.h), the Tier-1's as Router.responseHeader passes them on (its
+// fields written as they came, without a map), the rate limiter's, and
+// the cluster that served. length and sniff are appendHead's.
+func (lc *loopCall) appendHead(b, sniff []byte, length int64) []byte {
+	r, c := lc.r, lc.c
+	if lc.upType {
+		sniff = nil
+	}
+	b = appendStatus(b, lc.status, lc.h, sniff, !lc.upDate)
+	for _, f := range lc.upFields {
+		if !passedBack(f.k, r.cfg.ExposeUpstream) || lc.rlOwed && rateLimitHeader(f.k) {
+			continue
+		}
+		if _, set := lc.h[f.k]; set {
+			continue
+		}
+		b = appendField(b, f.k, f.v)
+	}
+	if lc.rlOwed {
+		b = c.rl.AppendHeaders(b)
+	}
+	b = appendField(b, "X-Meridian-Region", c.served.Region)
+	b = appendField(b, "X-Meridian-Cluster", c.served.Cluster)
+	return appendFraming(b, lc.status, length, lc.cc.keep)
+}
+
 // begin starts relaying a response whose head arrived.
 func (lc *loopCall) begin(resp upstreamHead) {
 	r, c := lc.r, lc.c
@@ -591,12 +644,12 @@ func (lc *loopCall) begin(resp upstreamHead) {
 		lc.framing, lc.reusable = framedClose, false
 	}
 	r.served(c, lc.targets[0], lc.targets[lc.i])
-	r.responseHeader(lc.h, resp.header, c)
+	lc.upFields, lc.upType, lc.upDate = resp.fields, resp.contentType != "", resp.date
 	c.watch.streaming(r.cfg.StreamIdleTimeout)
-	lc.sse = strings.HasPrefix(resp.header.Get("Content-Type"), "text/event-stream")
+	lc.sse = strings.HasPrefix(resp.contentType, "text/event-stream")
 	if lc.sse {
 		lc.filter = newEventFilter(c)
-		lc.head = appendHead(lc.cc.headBuffer(), lc.status, lc.h, nil, -1, lc.cc.keep) // leaves with the first events
+		lc.head = lc.appendHead(lc.cc.headBuffer(), nil, -1) // leaves with the first events
 		lc.out = lc.ls.scratch[:0]
 	}
 	if lc.framing == framedLength && lc.left == 0 {
@@ -760,7 +813,12 @@ func (lc *loopCall) complete() {
 		}
 		lc.settleAndEnd(usageTokens(b))
 		r.finished(lc.st, c, t, lc.status)
-		cc.respond(lc.status, lc.h, b)
+		cc.cur = nil
+		if !cc.closed {
+			head := lc.appendHead(make([]byte, 0, 512+len(b)), b, int64(len(b)))
+			cc.c.Write(append(head, b...))
+		}
+		cc.done()
 		return
 	}
 	if len(lc.partial) > 0 { // the last line, without its newline

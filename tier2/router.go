@@ -642,7 +642,9 @@ func (r *Router) rateLimit(_ *state, c *call, w http.ResponseWriter, _ *http.Req
 	}
 	est := request.EstimateCharge(c.promptTokens, mt, c.params.N)
 	c.rl = r.cfg.Limiter.Allow(ratelimit.Request{Tenant: c.caller.Tenant, Model: c.resolved.Target, Band: c.band.String(), Tokens: est})
-	c.rl.Headers(headerSetter(w.Header()))
+	if w != nil { // nil: the caller writes c.rl's headers itself
+		c.rl.Headers(headerSetter(w.Header()))
+	}
 	if !c.rl.Allowed {
 		c.settled = true // nothing was charged
 		c.ticket.Done()

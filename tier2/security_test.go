@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -745,6 +746,67 @@ func TestTTFTByStream(t *testing.T) {
 		}
 		if got := m.GetHistogram().GetSampleCount(); got != want {
 			t.Errorf("stream=%q: %d observations, want %d", stream, got, want)
+		}
+	}
+}
+
+// What a caller sees of a Tier-1's response headers, on both front doors,
+// for a whole response and a stream, on a token's first request (served
+// on a goroutine) and its later ones (on the event loop when that is the
+// front door): every header once, the Tier-1's own (several values of a
+// key in order, its Date and Content-Type) passed on, Tier-2's rate-limit
+// and cluster headers in place of any a Tier-1 sends, and neither the
+// pod's address nor the Tier-1 hop's Keep-Alive.
+func TestResponseHeadersPassedBack(t *testing.T) {
+	const date = "Sat, 05 Dec 2026 04:00:00 GMT"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		h := w.Header()
+		h.Set("Date", date)
+		h.Add("X-A", "1")
+		h.Add("X-A", "2")
+		h.Set("X-Ratelimit-Remaining-Requests", "12345")
+		h.Set("X-Meridian-Region", "spoofed")
+		h.Set("X-Gateway-Destination-Endpoint-Served", "10.0.0.9:8000")
+		h.Set("Keep-Alive", "timeout=5")
+		if strings.Contains(r.URL.Path, "chat") {
+			h.Set("Content-Type", "text/event-stream")
+			w.Write([]byte(`data: {"id":"c","model":"chat-model","choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\ndata: [DONE]\n\n"))
+			return
+		}
+		usageUpstream(w, r)
+	}))
+	defer up.Close()
+	d := newDoor(t, nil, up.URL)
+	tok := d.token(t, "team", nil)
+	for i := range 4 {
+		path, body, ctype := "/v1/completions", `{"model":"chat-model","prompt":"x","max_tokens":2}`, "application/json"
+		if i%2 == 1 {
+			path, body, ctype = "/v1/chat/completions", `{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"x"}]}`, "text/event-stream"
+		}
+		resp := d.post(t, t.Context(), tok, path, body, nil)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		<-d.handled
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+		h := resp.Header
+		for k, want := range map[string][]string{"Date": {date}, "Content-Type": {ctype}, "X-A": {"1", "2"}, "X-Meridian-Region": {"r1"}, "X-Meridian-Cluster": {"c1"}} {
+			if !slices.Equal(h[k], want) {
+				t.Errorf("request %d: %s %q; want %q", i, k, h[k], want)
+			}
+		}
+		if v := h["X-Ratelimit-Remaining-Requests"]; len(v) != 1 || v[0] == "12345" {
+			t.Errorf("request %d: X-Ratelimit-Remaining-Requests %q; want Tier-2's one value", i, v)
+		}
+		if len(h["X-Ratelimit-Limit-Requests"]) != 1 {
+			t.Errorf("request %d: X-Ratelimit-Limit-Requests %q; want one", i, h["X-Ratelimit-Limit-Requests"])
+		}
+		for _, k := range []string{"X-Gateway-Destination-Endpoint-Served", "Keep-Alive"} {
+			if v, ok := h[k]; ok {
+				t.Errorf("request %d: %s %q passed on", i, k, v)
+			}
 		}
 	}
 }
