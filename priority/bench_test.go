@@ -126,3 +126,33 @@ func TestShedAllocationFree(t *testing.T) {
 		t.Fatalf("Sheddable reject allocates %.1f times; want 0", n)
 	}
 }
+
+// countingReleaser counts the outcomes SubmitTo delivers to it.
+type countingReleaser struct{ n int }
+
+func (c *countingReleaser) Release(t *Ticket, err error) {
+	c.n++
+	if t != nil {
+		t.Done()
+	}
+}
+
+// SubmitTo on a pool with headroom delivers its outcome once and allocates
+// only the Ticket: no closure for the delivery, no cancel function.
+func TestSubmitToDecidedAtOnceAllocatesTheTicket(t *testing.T) {
+	g := benchGate(t)
+	g.Observe(Saturation{Value: 0.2, PerRequest: 1e-9, Fresh: 8})
+	req := Request{Tenant: "team-a", Band: Standard, Bytes: 4096}
+	rel := &countingReleaser{}
+	n := testing.AllocsPerRun(1000, func() {
+		if cancel := g.SubmitTo(req, rel); cancel() {
+			t.Fatal("cancel of a decided request removed something")
+		}
+	})
+	if rel.n != 1001 {
+		t.Fatalf("%d outcomes delivered for 1001 submissions", rel.n)
+	}
+	if n != 1 {
+		t.Fatalf("SubmitTo decided at once allocates %.1f times; want 1 (the Ticket)", n)
+	}
+}

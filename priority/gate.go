@@ -331,7 +331,7 @@ type waiter struct {
 	flow       *flow
 	prev, next *waiter
 	timer      Timer
-	release    func(*Ticket, error)
+	release    Releaser
 	queued     bool
 }
 
@@ -526,10 +526,10 @@ func (g *Gate) Admit(ctx context.Context, r Request) (*Ticket, error) {
 	// The request waits. ready is closed once res is set.
 	ready := make(chan struct{})
 	var res release
-	w, err := g.enqueue(r, func(t *Ticket, err error) {
+	w, err := g.enqueue(r, ReleaseFunc(func(t *Ticket, err error) {
 		res.t, res.err = t, err
 		close(ready)
-	})
+	}))
 	if err != nil {
 		return nil, err
 	}
@@ -557,18 +557,39 @@ func (g *Gate) Admit(ctx context.Context, r Request) (*Ticket, error) {
 // cancel removes a still-waiting request and reports whether it did
 // (release is then not called).
 func (g *Gate) Submit(r Request, release func(*Ticket, error)) (cancel func() bool) {
+	return g.SubmitTo(r, ReleaseFunc(release))
+}
+
+// Releaser receives a request's outcome from SubmitTo.
+type Releaser interface {
+	Release(*Ticket, error)
+}
+
+// ReleaseFunc is a function as a Releaser.
+type ReleaseFunc func(*Ticket, error)
+
+// Release calls f.
+func (f ReleaseFunc) Release(t *Ticket, err error) { f(t, err) }
+
+// SubmitTo is Submit with the outcome delivered to rel: a caller that
+// keeps its request's state in a struct of its own passes that, and a
+// request decided at once allocates nothing for its delivery.
+func (g *Gate) SubmitTo(r Request, rel Releaser) (cancel func() bool) {
 	g.mu.Lock()
 	if t, err, ok := g.now(r); ok {
-		release(t, err)
-		return func() bool { return false }
+		rel.Release(t, err)
+		return noCancel
 	}
-	w, err := g.enqueue(r, release)
+	w, err := g.enqueue(r, rel)
 	if err != nil {
-		release(nil, err)
-		return func() bool { return false }
+		rel.Release(nil, err)
+		return noCancel
 	}
 	return func() bool { return g.cancel(w) }
 }
+
+// noCancel is the cancel of a request no longer waiting.
+func noCancel() bool { return false }
 
 // now decides r if it can be decided at once: admitted with headroom and
 // nothing at least as important waiting (waiters exist only while there is
@@ -629,7 +650,7 @@ func (g *Gate) waiting(b Band) int {
 
 // enqueue queues r, evicting less important waiters to make room. It is
 // called with g.mu held and unlocks it.
-func (g *Gate) enqueue(r Request, release func(*Ticket, error)) (*waiter, error) {
+func (g *Gate) enqueue(r Request, release Releaser) (*waiter, error) {
 	var rel releases
 	defer func() {
 		g.mu.Unlock()
@@ -804,18 +825,18 @@ func (g *Gate) remove(w *waiter) {
 type releases []release
 
 type release struct {
-	fn  func(*Ticket, error)
+	to  Releaser
 	t   *Ticket
 	err error
 }
 
-func (r *releases) add(fn func(*Ticket, error), t *Ticket, err error) {
-	*r = append(*r, release{fn, t, err})
+func (r *releases) add(to Releaser, t *Ticket, err error) {
+	*r = append(*r, release{to, t, err})
 }
 
 func (r releases) run() {
 	for _, x := range r {
-		x.fn(x.t, x.err)
+		x.to.Release(x.t, x.err)
 	}
 }
 

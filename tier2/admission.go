@@ -186,6 +186,18 @@ func (a *Admission) Submit(model string, r priority.Request, release func(t *pri
 	return g.Submit(r, func(t *priority.Ticket, err error) { release(spilled(r, t, err)) })
 }
 
+// SubmitTo is Submit for a caller that keeps its request's state in rel:
+// rel gets the Gate's outcome, and spilled(r, t, err) turns it into
+// Submit's. A request decided at once allocates nothing for its delivery.
+func (a *Admission) SubmitTo(model string, r priority.Request, rel priority.Releaser) (cancel func() bool) {
+	g, r, at := a.pre(model, r)
+	if at != nil {
+		rel.Release(at, nil)
+		return func() bool { return false }
+	}
+	return g.SubmitTo(r, rel)
+}
+
 // pre is what Admit decides before model's Gate: a ticket for a Critical
 // request a local cluster has headroom for, or r as the Gate sees it.
 func (a *Admission) pre(model string, r priority.Request) (*priority.Gate, priority.Request, *priority.Ticket) {

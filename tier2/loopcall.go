@@ -88,14 +88,8 @@ func (s *LoopServer) inference(cc *clientConn, req *http.Request, raw []byte) {
 	}
 	// Admission decides at once, or releases the request later from
 	// another goroutine: then the loop goes on with it.
-	ls := cc.ls
-	cancel := r.cfg.Priority.Submit(c.resolved.Target, pr, func(t *priority.Ticket, spill bool, err error) {
-		lc.admT, lc.admSpill, lc.admErr = t, spill, err
-		if lc.admState.CompareAndSwap(0, 2) {
-			return
-		}
-		ls.later(lc)
-	})
+	lc.pr, lc.home = pr, cc.ls
+	cancel := r.cfg.Priority.SubmitTo(c.resolved.Target, pr, lc)
 	if lc.admState.CompareAndSwap(0, 1) { // waiting in admission's queue
 		lc.cancelAdmit = cancel
 		lc.queued = true
@@ -103,6 +97,17 @@ func (s *LoopServer) inference(cc *clientConn, req *http.Request, raw []byte) {
 		return
 	}
 	lc.admitted()
+}
+
+// Release takes admission's outcome (priority.Releaser): from within
+// SubmitTo, or later from another goroutine, which hands the call back to
+// its loop.
+func (lc *loopCall) Release(t *priority.Ticket, err error) {
+	lc.admT, lc.admSpill, lc.admErr = spilled(lc.pr, t, err)
+	if lc.admState.CompareAndSwap(0, 2) {
+		return
+	}
+	lc.home.later(lc)
 }
 
 // admitted goes on with a request admission decided on (lc.adm*).
@@ -253,6 +258,8 @@ type loopCall struct {
 
 	// Admission's outcome, and how to leave its queue. admState is 0 while
 	// in Submit, 1 once Submit returned first, 2 if released within Submit.
+	pr          priority.Request // as submitted
+	home        *loopState       // the caller's loop, to come back to
 	admState    atomic.Int32
 	admT        *priority.Ticket
 	admSpill    bool
