@@ -250,8 +250,9 @@ func parseResponseHead(b []byte, keys map[string]string, fields []hfield) (upstr
 // that copy, and the request, its URL and the first values' slices are
 // one allocation (a value kept past the request pins the head, at most
 // MaxHeaderBytes: what is kept for long, such as a cached token, is
-// cloned by its keeper).
-func parseRequestHead(b []byte, keys map[string]string) (req *http.Request, ok bool) {
+// cloned by its keeper). reuse, when not nil, is an ended request's
+// parsedRequest, its header map with it, which this one overwrites.
+func parseRequestHead(b []byte, keys map[string]string, reuse *parsedRequest) (h *parsedRequest, ok bool) {
 	text := string(b)
 	line, rest, found := strings.Cut(text, "\r\n")
 	if !found {
@@ -275,11 +276,19 @@ func parseRequestHead(b []byte, keys map[string]string) (req *http.Request, ok b
 			return nil, false
 		}
 	}
-	h := new(parsedRequest)
+	h = reuse
+	var hdr http.Header
+	if h == nil {
+		h, hdr = new(parsedRequest), make(http.Header, 8)
+	} else {
+		hdr = h.req.Header
+		clear(hdr)
+		*h = parsedRequest{}
+	}
 	h.url.Path = path
-	req = &h.req
+	req := &h.req
 	*req = http.Request{Method: method, URL: &h.url, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: make(http.Header, 8), RequestURI: path, Body: http.NoBody}
+		Header: hdr, RequestURI: path, Body: http.NoBody}
 	hosts, nvals := 0, 0
 	for {
 		line, rest, found = strings.Cut(rest, "\r\n")
@@ -342,7 +351,7 @@ func parseRequestHead(b []byte, keys map[string]string) (req *http.Request, ok b
 	if hosts != 1 || !httpguts.ValidHostHeader(req.Host) {
 		return nil, false
 	}
-	return req, true // the body is the caller's to set
+	return h, true // the body is the caller's to set
 }
 
 // parsedRequest is a request parseRequestHead read, its URL and its first

@@ -359,6 +359,9 @@ type clientConn struct {
 	// last is the connection's last call on the loop; its response
 	// header map is the next one's (responseHeader).
 	last *loopCall
+	// parsed is the request readHead read last, when parseRequestHead
+	// read it (its call keeps it: endedRequest).
+	parsed *parsedRequest
 	// headBuf is where a streamed response's head is written until it
 	// leaves with the first events (headBuffer).
 	headBuf []byte
@@ -654,8 +657,10 @@ func (cc *clientConn) continueBody() {
 // readHead parses a request's headers with net/http's parser and the
 // checks its server makes; status is the error to answer, or 0.
 func (cc *clientConn) readHead(b []byte) (*http.Request, int) {
-	if req, ok := parseRequestHead(b, cc.ls.keys); ok {
-		return cc.checkHead(req)
+	cc.parsed = nil
+	if h, ok := parseRequestHead(b, cc.ls.keys, cc.endedRequest()); ok {
+		cc.parsed = h
+		return cc.checkHead(&h.req)
 	}
 	br := cc.s.heads.Get().(*bufio.Reader)
 	br.Reset(bytes.NewReader(b))
@@ -796,6 +801,24 @@ func (cc *clientConn) responseHeader() http.Header {
 		p.h = nil // tests: a late write to the old call's headers panics
 	}
 	clear(h)
+	return h
+}
+
+// endedRequest returns the parsed request of the connection's last call
+// on the loop for the next head to overwrite, unless that request went to
+// a goroutine: as with responseHeader, a call ended on the loop uses its
+// request no more once its response is written (timers and admission of
+// an ended call do nothing).
+func (cc *clientConn) endedRequest() *parsedRequest {
+	p := cc.last
+	if p == nil || p.shared || p.parsed == nil {
+		return nil
+	}
+	h := p.parsed
+	p.parsed = nil
+	if poisonReleasedBodies {
+		p.req = nil // tests: a late use of the old call's request panics
+	}
 	return h
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -329,11 +330,25 @@ func TestParseRequestHead(t *testing.T) {
 		"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
 		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
 	}
-	for _, head := range accepted {
-		got, ok := parseRequestHead([]byte(head), map[string]string{})
+	// Each head is read fresh, then (a second pass) into the request the
+	// head before it was read into, as the loops reuse an ended call's:
+	// the same either way, nothing of the other head left.
+	var prev *parsedRequest
+	for i := range 2 * len(accepted) {
+		head := accepted[i%len(accepted)]
+		var reuse *parsedRequest
+		if i >= len(accepted) {
+			reuse = prev
+		}
+		h, ok := parseRequestHead([]byte(head), map[string]string{}, reuse)
 		if !ok {
 			t.Fatalf("%q: refused", head)
 		}
+		if reuse != nil && h != reuse {
+			t.Fatalf("%q: the ended request was not reused", head)
+		}
+		prev = h
+		got := &h.req
 		want, err := http.ReadRequest(bufio.NewReader(strings.NewReader(head)))
 		if err != nil {
 			t.Fatal(err)
@@ -362,7 +377,7 @@ func TestParseRequestHead(t *testing.T) {
 		"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: x\r\nX-A: 1\n\r\n",
 	} {
-		if _, ok := parseRequestHead([]byte(head), map[string]string{}); ok {
+		if _, ok := parseRequestHead([]byte(head), map[string]string{}, nil); ok {
 			t.Errorf("%q: accepted", head)
 		}
 	}
@@ -482,6 +497,55 @@ func TestLoopServerResponseHeadersNotCarriedOver(t *testing.T) {
 		if r.Header.Get("X-Meridian-Cluster") == "" {
 			t.Errorf("response %d lost its own headers: %v", i, r.Header)
 		}
+	}
+}
+
+// A connection's requests on the loop share one parsed request: a header
+// one request carried never reaches Tier-1 with the next.
+func TestLoopServerRequestHeadersNotCarriedOver(t *testing.T) {
+	var mu sync.Mutex
+	var notes []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		note, ok := r.Header["X-Team-Note"]
+		if !ok {
+			note = []string{"(none)"}
+		}
+		notes = append(notes, strings.Join(note, ","))
+		mu.Unlock()
+		usageUpstream(w, r)
+	}))
+	defer up.Close()
+	d, _ := loopDoor(t, up.URL)
+	addr := strings.TrimPrefix(d.url, "http://")
+	a := d.token(t, "team", nil)
+	req := func(note string) string {
+		h := "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + a + "\r\n"
+		if note != "" {
+			h += "X-Team-Note: " + note + "\r\n"
+		}
+		return h + "Content-Length: 39\r\n\r\n" + `{"model":"chat-model","prompt":"hello"}`
+	}
+	// The first request of a token is verified on a goroutine; the loop
+	// serves the others.
+	sent := []string{"", "for team only", "", "again", ""}
+	var all string
+	want := make([]string, len(sent))
+	for i, n := range sent {
+		all += req(n)
+		if want[i] = n; n == "" {
+			want[i] = "(none)"
+		}
+	}
+	for i, r := range rawExchange(t, addr, all, len(sent)) {
+		if body(t, r); r.StatusCode != 200 {
+			t.Fatalf("response %d: %d", i, r.StatusCode)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(notes, want) {
+		t.Fatalf("Tier-1 saw X-Team-Note %q; the requests carried %q", notes, want)
 	}
 }
 

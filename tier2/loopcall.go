@@ -45,7 +45,7 @@ func (s *LoopServer) inference(cc *clientConn, req *http.Request, raw []byte) {
 	}
 	stripInternal(req.Header)
 	st := r.snap.Load()
-	lc := &loopCall{s: s, r: r, st: st, cc: cc, req: req, h: cc.responseHeader()}
+	lc := &loopCall{s: s, r: r, st: st, cc: cc, req: req, parsed: cc.parsed, h: cc.responseHeader()}
 	c := &lc.call // one allocation for both
 	c.start = r.cfg.Now()
 	lc.c = c
@@ -241,7 +241,11 @@ type loopCall struct {
 	cc  *clientConn
 	c   *call
 	req *http.Request
-	h   http.Header // the caller's response headers
+	// parsed is req's parsedRequest when parseRequestHead read it: the
+	// connection's next request may overwrite it once this call ended
+	// (clientConn.endedRequest).
+	parsed *parsedRequest
+	h      http.Header // the caller's response headers
 	// rlOwed: the rate limiter decided, and its headers are not in h
 	// (they go on the response's head, or into h for an error).
 	rlOwed bool
