@@ -6,7 +6,10 @@
 // turn with the same closed-loop load (N concurrent streams) and reports
 // time to first byte and throughput; the summary gives medians over runs
 // and each path's added latency over calling the pods directly in the same
-// run. The goproxy path is the plainest net/http reverse proxy (floor.go):
+// run. Every path gets --warmup of unmeasured load first, so that the path
+// measured first does not pay alone for the start of the processes the
+// paths share. With four runs or more, each path's runs are also compared
+// with the nginx run beside them (quartiles). The goproxy path is the plainest net/http reverse proxy (floor.go):
 // what any front door on Go's HTTP server costs here, before its own work.
 // The fastfloor and gnetfloor paths are the same floor on fasthttp and on
 // gnet's event loops (bench/fastfloor, bench/gnetfloor: modules of their
@@ -50,6 +53,7 @@ var (
 	gnetfloor   = flag.String("gnetfloor", "", "path to a built bench/gnetfloor binary, for the gnetfloor path (an event-loop floor on gnet that passes bytes through)")
 	concurrency = flag.Int("concurrency", 64, "concurrent streams")
 	duration    = flag.Duration("duration", 8*time.Second, "load per path per run")
+	warmup      = flag.Duration("warmup", 2*time.Second, "unmeasured load per path before the first run (0: none)")
 	runs        = flag.Int("runs", 5, "runs (medians are over runs)")
 	promptBytes = flag.Int("prompt-bytes", 200, "prompt size in bytes (e.g. 225280 for the 220 KB case)")
 	maxTokens   = flag.Int("max-tokens", 16, "output tokens per request")
@@ -155,27 +159,43 @@ func main() {
 	if *unique {
 		body = bytes.Replace(body, []byte(`"content":"`), []byte(`"content":"%08d `), 1)
 	}
+	// Where each path sends its load, and with which headers.
+	endpoints := func(p string) ([]string, http.Header) {
+		var urls []string
+		switch p {
+		case "direct":
+			for _, a := range podAddrs {
+				urls = append(urls, "http://"+a)
+			}
+		default:
+			u, ok := targets[p]
+			if !ok {
+				return nil, nil
+			}
+			urls = []string{u}
+		}
+		hdr := http.Header{"Content-Type": {"application/json"}}
+		if p == "tier2" || p == "tier2http" {
+			hdr.Set("Authorization", "Bearer "+token)
+		}
+		return urls, hdr
+	}
+	// Every path is warmed before the first measured run, so that the
+	// first path measured does not alone pay for the start of the
+	// processes they share (Tier-1, the pods) and the first path's own.
+	for _, p := range order {
+		if urls, hdr := endpoints(p); urls != nil && *warmup > 0 {
+			load(urls, hdr, body, *warmup)
+		}
+	}
 	for r := 0; r < *runs; r++ {
 		for _, p := range order {
-			var urls []string
-			switch p {
-			case "direct":
-				for _, a := range podAddrs {
-					urls = append(urls, "http://"+a)
-				}
-			default:
-				u, ok := targets[p]
-				if !ok {
-					continue
-				}
-				urls = []string{u}
-			}
-			hdr := http.Header{"Content-Type": {"application/json"}}
-			if p == "tier2" || p == "tier2http" {
-				hdr.Set("Authorization", "Bearer "+token)
+			urls, hdr := endpoints(p)
+			if urls == nil {
+				continue
 			}
 			cpu0, behind0 := procCPU(pids[p]), procCPU(pids["tier1"])+procCPU(pids["sim"])
-			res := load(urls, hdr, body)
+			res := load(urls, hdr, body, *duration)
 			if n := res.rps * duration.Seconds(); n > 0 {
 				if pids[p] != 0 {
 					res.cpuPerReq = (procCPU(pids[p]) - cpu0) / time.Duration(n)
@@ -257,14 +277,14 @@ func requestBody() []byte {
 
 // load runs the closed loop against urls (round robin) and measures time
 // to first byte of each streamed response.
-func load(urls []string, hdr http.Header, body []byte) result {
+func load(urls []string, hdr http.Header, body []byte, d time.Duration) result {
 	tr := &http.Transport{MaxIdleConnsPerHost: *concurrency * 2, MaxIdleConns: *concurrency * 4, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 60 * time.Second}
 	var mu sync.Mutex
 	var ttfb []time.Duration
 	var errs, done atomic.Int64
-	deadline := time.Now().Add(*duration)
+	deadline := time.Now().Add(d)
 	var wg sync.WaitGroup
 	var next atomic.Int64
 	for w := 0; w < *concurrency; w++ {
@@ -312,7 +332,7 @@ func load(urls []string, hdr http.Header, body []byte) result {
 		}
 		return ttfb[int(float64(len(ttfb)-1)*p)]
 	}
-	return result{rps: float64(done.Load()) / duration.Seconds(), p50: q(0.5), p99: q(0.99), errors: errs.Load()}
+	return result{rps: float64(done.Load()) / d.Seconds(), p50: q(0.5), p99: q(0.99), errors: errs.Load()}
 }
 
 func report(order []string, results map[string][]result) {
@@ -362,6 +382,55 @@ func report(order []string, results map[string][]result) {
 			cr = fmt.Sprintf("%.2f", med(cpuRatio))
 		}
 		fmt.Printf("| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %.0f | %s | %.0f |\n", p, med(rps), med(p50), med(p99), med(a50), med(a99), ra, med(cpu), cr, med(behind))
+	}
+	pairedWithNginx(order, results)
+}
+
+// pairedWithNginx prints, for four runs or more, the spread of each path's
+// runs against the nginx run beside it (run i against run i, measured
+// minutes apart at most): the quartiles of req/s ÷ nginx's and of the
+// TTFB p99 difference. A long series of short runs (-runs 30 -duration
+// 2s) puts a figure's centre within a percent on a machine whose sittings
+// differ by ten.
+func pairedWithNginx(order []string, results map[string][]result) {
+	nginx := results["nginx"]
+	if len(nginx) < 4 {
+		return
+	}
+	quartiles := func(xs []float64) [3]float64 {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		at := func(q float64) float64 { // linear between the two nearest ranks
+			pos := q * float64(len(s)-1)
+			i := int(pos)
+			if i+1 >= len(s) {
+				return s[len(s)-1]
+			}
+			return s[i] + (pos-float64(i))*(s[i+1]-s[i])
+		}
+		return [3]float64{at(0.25), at(0.5), at(0.75)}
+	}
+	fmt.Printf("\nPaired with nginx, run by run (quartiles: q1 / median / q3).\n\n")
+	fmt.Println("| path | runs | req/s ÷ nginx | TTFB p99 − nginx's (ms) | TTFB p99 ÷ nginx's |")
+	fmt.Println("| --- | ---: | --- | --- | --- |")
+	for _, p := range order {
+		if p == "nginx" {
+			continue
+		}
+		var ratio, diff, rel []float64
+		for i, r := range results[p] {
+			if i >= len(nginx) || nginx[i].rps == 0 || nginx[i].p99 == 0 {
+				continue
+			}
+			ratio = append(ratio, r.rps/nginx[i].rps)
+			diff = append(diff, ms(r.p99)-ms(nginx[i].p99))
+			rel = append(rel, float64(r.p99)/float64(nginx[i].p99))
+		}
+		if len(ratio) < 4 {
+			continue
+		}
+		q, d, e := quartiles(ratio), quartiles(diff), quartiles(rel)
+		fmt.Printf("| %s | %d | %.3f / %.3f / %.3f | %+.2f / %+.2f / %+.2f | %.3f / %.3f / %.3f |\n", p, len(ratio), q[0], q[1], q[2], d[0], d[1], d[2], e[0], e[1], e[2])
 	}
 }
 
