@@ -469,8 +469,9 @@ func (lc *loopCall) send(a *tier1Addr) {
 	clear(lc.iov[:])
 }
 
-// identityHeader reports whether k is one of the headers upstreamHeader sets for Tier-2 (the
-// caller's were stripped on arrival; these are never passed on).
+// identityHeader reports whether k is one of the headers upstreamHeader
+// sets for Tier-2 (the caller's were stripped on arrival; these are never
+// passed on).
 func identityHeader(k string) bool {
 	switch k {
 	case "X-Meridian-Tenant", "X-Meridian-Band", "X-Gateway-Inference-Fairness-Id", trust.Header:
