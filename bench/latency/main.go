@@ -6,7 +6,8 @@
 // turn with the same closed-loop load (N concurrent streams) and reports
 // time to first byte and throughput; the summary gives medians over runs
 // and each path's added latency over calling the pods directly in the same
-// run. Every path gets --warmup of unmeasured load first, so that the path
+// run. The paths take turns in the order given and then in reverse, run by
+// run, so that the host's drift does not favour one. Every path gets --warmup of unmeasured load first, so that the path
 // measured first does not pay alone for the start of the processes the
 // paths share. With four runs or more, each path's runs are also compared
 // with the nginx run beside them (quartiles). The goproxy path is the plainest net/http reverse proxy (floor.go):
@@ -189,7 +190,7 @@ func main() {
 		}
 	}
 	for r := 0; r < *runs; r++ {
-		for _, p := range order {
+		for _, p := range runOrder(order, r) {
 			urls, hdr := endpoints(p)
 			if urls == nil {
 				continue
@@ -333,6 +334,19 @@ func load(urls []string, hdr http.Header, body []byte, d time.Duration) result {
 		return ttfb[int(float64(len(ttfb)-1)*p)]
 	}
 	return result{rps: float64(done.Load()) / d.Seconds(), p50: q(0.5), p99: q(0.99), errors: errs.Load()}
+}
+
+// runOrder is the order of the paths in run r: as given in even runs,
+// reversed in odd ones, so that a drift of the host over the runs (another
+// tenant arriving, a process's state growing) does not always favour the
+// path measured first.
+func runOrder(order []string, r int) []string {
+	if r%2 == 0 {
+		return order
+	}
+	rev := slices.Clone(order)
+	slices.Reverse(rev)
+	return rev
 }
 
 func report(order []string, results map[string][]result) {
