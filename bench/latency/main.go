@@ -4,13 +4,15 @@
 // in front of it (meridian tier2) and, for comparison, nginx as a plain
 // reverse proxy in front of the same Tier-1. Each run drives every path in
 // turn with the same closed-loop load (N concurrent streams) and reports
-// time to first byte and throughput; the summary gives medians over runs
-// and each path's added latency over calling the pods directly in the same
-// run. The paths take turns in the order given and then in reverse, run by
-// run, so that the host's drift does not favour one. Every path gets --warmup of unmeasured load first, so that the path
-// measured first does not pay alone for the start of the processes the
-// paths share. With four runs or more, each path's runs are also compared
-// with the nginx run beside them (quartiles). The goproxy path is the plainest net/http reverse proxy (floor.go):
+// time to first byte, throughput, and each proxy's CPU time and run-queue
+// wait per request; the summary gives medians over runs and each path's
+// added latency over calling the pods directly in the same run. The paths
+// take turns in the order given and then in reverse, run by run, so that
+// the host's drift does not favour one. Every path gets --warmup of
+// unmeasured load first, so that the path measured first does not pay
+// alone for the start of the processes the paths share. With four runs or
+// more, each path's runs are also compared with the nginx run beside them
+// (quartiles). The goproxy path is the plainest net/http reverse proxy (floor.go):
 // what any front door on Go's HTTP server costs here, before its own work.
 // The fastfloor and gnetfloor paths are the same floor on fasthttp and on
 // gnet's event loops (bench/fastfloor, bench/gnetfloor: modules of their
@@ -37,6 +39,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -196,16 +199,21 @@ func main() {
 				continue
 			}
 			cpu0, behind0 := procCPU(pids[p]), procCPU(pids["tier1"])+procCPU(pids["sim"])
+			sched0 := procSched(pids[p])
 			res := load(urls, hdr, body, *duration)
 			if n := res.rps * duration.Seconds(); n > 0 {
 				if pids[p] != 0 {
 					res.cpuPerReq = (procCPU(pids[p]) - cpu0) / time.Duration(n)
+					sched := procSched(pids[p])
+					res.waitPerReq = (sched.wait - sched0.wait) / time.Duration(n)
+					res.slicesPerReq = float64(sched.slices-sched0.slices) / n
 				}
 				res.behindPerReq = (procCPU(pids["tier1"]) + procCPU(pids["sim"]) - behind0) / time.Duration(n)
 			}
 			results[p] = append(results[p], res)
-			fmt.Fprintf(os.Stderr, "run %d %-7s %7.0f req/s  ttfb p50 %6.2f ms  p99 %6.2f ms  proxy CPU %4.0f µs/req  errors %d\n",
-				r+1, p, res.rps, ms(res.p50), ms(res.p99), float64(res.cpuPerReq.Nanoseconds())/1e3, res.errors)
+			fmt.Fprintf(os.Stderr, "run %d %-7s %7.0f req/s  ttfb p50 %6.2f ms  p99 %6.2f ms  proxy CPU %4.0f µs/req  run-queue wait %4.0f µs/req in %.2f slices  errors %d\n",
+				r+1, p, res.rps, ms(res.p50), ms(res.p99), float64(res.cpuPerReq.Nanoseconds())/1e3,
+				float64(res.waitPerReq.Nanoseconds())/1e3, res.slicesPerReq, res.errors)
 		}
 	}
 	report(order, results)
@@ -225,6 +233,13 @@ type result struct {
 	// Tier-2 that asks for more, e.g. usage in every chunk, costs more
 	// there).
 	behindPerReq time.Duration
+	// waitPerReq is the time the proxy's threads spent runnable but
+	// waiting for a core, per request, and slicesPerReq the times they
+	// were put on a core (from /proc/PID/task/*/schedstat): on a shared
+	// machine every wake-up waits its turn, so a proxy that wakes more
+	// threads per request adds more latency than its CPU time shows.
+	waitPerReq   time.Duration
+	slicesPerReq float64
 }
 
 // procCPU is the user and system CPU time of pid and its child
@@ -233,33 +248,82 @@ func procCPU(pid int) time.Duration {
 	if pid == 0 {
 		return 0
 	}
-	read := func(p string) (ppid int, cpu time.Duration, ok bool) {
-		b, err := os.ReadFile(filepath.Join("/proc", p, "stat"))
-		if err != nil {
-			return 0, 0, false
-		}
-		// Fields after the command name (which may hold spaces).
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	read := func(pid int) time.Duration {
+		f := statFields(pid)
 		if len(f) < 13 {
-			return 0, 0, false
+			return 0
 		}
 		var ut, st int64
-		fmt.Sscan(f[1], &ppid)
 		fmt.Sscan(f[11], &ut)
 		fmt.Sscan(f[12], &st)
-		return ppid, time.Duration(ut+st) * time.Second / 100, true // USER_HZ is 100 on Linux
+		return time.Duration(ut+st) * time.Second / 100 // USER_HZ is 100 on Linux
 	}
-	_, total, _ := read(fmt.Sprint(pid))
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' {
-			continue
-		}
-		if ppid, cpu, ok := read(e.Name()); ok && ppid == pid {
-			total += cpu
-		}
+	total := read(pid)
+	for _, c := range children(pid) {
+		total += read(c)
 	}
 	return total
+}
+
+// statFields are the fields of /proc/PID/stat after the command name
+// (which may hold spaces); nil when the process is gone.
+func statFields(pid int) []string {
+	b, err := os.ReadFile(filepath.Join("/proc", fmt.Sprint(pid), "stat"))
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+}
+
+// children lists the processes whose parent is pid.
+func children(pid int) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		c, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f := statFields(c); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// schedStat is what the scheduler reports for a process's threads.
+type schedStat struct {
+	wait   time.Duration // runnable, waiting for a core
+	slices int64         // times put on a core
+}
+
+// procSched sums /proc/PID/task/*/schedstat over pid and its children (an
+// nginx master's workers), as procCPU does for CPU time. Zero where the
+// kernel does not report it.
+func procSched(pid int) schedStat {
+	var st schedStat
+	if pid == 0 {
+		return st
+	}
+	add := func(p int) {
+		tasks, _ := os.ReadDir(filepath.Join("/proc", fmt.Sprint(p), "task"))
+		for _, t := range tasks {
+			b, err := os.ReadFile(filepath.Join("/proc", fmt.Sprint(p), "task", t.Name(), "schedstat"))
+			if err != nil {
+				continue
+			}
+			var run, wait, slices int64
+			if n, _ := fmt.Sscan(string(b), &run, &wait, &slices); n == 3 {
+				st.wait += time.Duration(wait)
+				st.slices += slices
+			}
+		}
+	}
+	add(pid)
+	for _, c := range children(pid) {
+		add(c)
+	}
+	return st
 }
 
 func requestBody() []byte {
@@ -360,8 +424,8 @@ func report(order []string, results map[string][]result) {
 	}
 	fmt.Printf("\n%d concurrent streams, %d-byte prompts, %d output tokens, %d runs × %s per path; medians over runs.\n\n",
 		*concurrency, *promptBytes, *maxTokens, *runs, *duration)
-	fmt.Println("| path | req/s | TTFB p50 (ms) | TTFB p99 (ms) | added p50 (ms) | added p99 (ms) | req/s ÷ nginx | proxy CPU µs/req | CPU ÷ nginx | Tier-1 + pods CPU µs/req |")
-	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Println("| path | req/s | TTFB p50 (ms) | TTFB p99 (ms) | added p50 (ms) | added p99 (ms) | req/s ÷ nginx | proxy CPU µs/req | CPU ÷ nginx | Tier-1 + pods CPU µs/req | proxy run-queue wait µs/req |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	direct := results["direct"]
 	nginx := results["nginx"]
 	for _, p := range order {
@@ -369,9 +433,10 @@ func report(order []string, results map[string][]result) {
 		if len(rs) == 0 {
 			continue
 		}
-		var rps, p50, p99, a50, a99, ratio, cpu, cpuRatio, behind []float64
+		var rps, p50, p99, a50, a99, ratio, cpu, cpuRatio, behind, wait []float64
 		for i, r := range rs {
 			rps = append(rps, r.rps)
+			wait = append(wait, float64(r.waitPerReq.Nanoseconds())/1e3)
 			behind = append(behind, float64(r.behindPerReq.Nanoseconds())/1e3)
 			cpu = append(cpu, float64(r.cpuPerReq.Nanoseconds())/1e3)
 			if i < len(nginx) && nginx[i].cpuPerReq > 0 {
@@ -395,7 +460,7 @@ func report(order []string, results map[string][]result) {
 		if len(cpuRatio) > 0 && med(cpu) > 0 {
 			cr = fmt.Sprintf("%.2f", med(cpuRatio))
 		}
-		fmt.Printf("| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %.0f | %s | %.0f |\n", p, med(rps), med(p50), med(p99), med(a50), med(a99), ra, med(cpu), cr, med(behind))
+		fmt.Printf("| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %.0f | %s | %.0f | %.0f |\n", p, med(rps), med(p50), med(p99), med(a50), med(a99), ra, med(cpu), cr, med(behind), med(wait))
 	}
 	pairedWithNginx(order, results)
 }
