@@ -233,7 +233,7 @@ func hitRatio(tb testing.TB, rs []*replica, pods []*sim.LivePod, reqs []string) 
 // shared-prefix workload reach the prefix hit ratio of one replica when
 // they exchange prefix events, and fall short of it when they do not.
 func TestReplicasShareIndex(t *testing.T) {
-	reqs := workload(7, 6)
+	reqs := workload(9, 6)
 	arms := []struct {
 		name     string
 		replicas int
