@@ -53,6 +53,8 @@ type LoopServer struct {
 	booted      chan struct{}
 	running     chan struct{} // a connection opened on a loop: they all run
 	runningOnce sync.Once
+	closing     chan struct{} // Shutdown or Close began
+	closingOnce sync.Once
 	ran         chan error // gnet.Run's result
 
 	mu       sync.Mutex
@@ -103,7 +105,7 @@ func NewLoopServer(r *Router, h http.Handler, cfg LoopConfig) *LoopServer {
 	if cfg.Loops <= 0 {
 		cfg.Loops = max(1, runtime.GOMAXPROCS(0)-1)
 	}
-	s := &LoopServer{r: r, h: h, log: r.log, cfg: cfg, booted: make(chan struct{}), running: make(chan struct{}), ran: make(chan error, 1),
+	s := &LoopServer{r: r, h: h, log: r.log, cfg: cfg, booted: make(chan struct{}), running: make(chan struct{}), closing: make(chan struct{}), ran: make(chan error, 1),
 		conns: map[*clientConn]struct{}{}, dialer: net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}}
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
@@ -118,9 +120,22 @@ func NewLoopServer(r *Router, h http.Handler, cfg LoopConfig) *LoopServer {
 // unreachable cluster fails over quickly.
 const dialTimeout = 2 * time.Second
 
+// startTimeout bounds the loops' start (Serve's probe): generous, since
+// it only fails a start on a machine too loaded to schedule them.
+const startTimeout = 10 * time.Second
+
+// closeDown marks the server closing: no new request is kept alive, and
+// a Serve still starting its loops stops waiting for them.
+func (s *LoopServer) closeDown() {
+	s.draining.Store(true)
+	s.closingOnce.Do(func() { close(s.closing) })
+}
+
 // Serve accepts callers on ln until Shutdown or Close; it returns
-// http.ErrServerClosed then, as http.Server.Serve does.
+// http.ErrServerClosed then, as http.Server.Serve does, and closes ln
+// whatever it returns.
 func (s *LoopServer) Serve(ln net.Listener) error {
+	defer ln.Close()
 	s.mu.Lock()
 	if s.ln != nil {
 		s.mu.Unlock()
@@ -128,6 +143,9 @@ func (s *LoopServer) Serve(ln net.Listener) error {
 	}
 	s.ln = ln
 	s.mu.Unlock()
+	if s.draining.Load() { // closed before it began
+		return http.ErrServerClosed
+	}
 	// The engine needs a listener of its own: a Unix socket in a
 	// directory of its own, which takes no port and no caller can reach
 	// from the network. Callers arrive through ln and are enrolled on a
@@ -150,13 +168,14 @@ func (s *LoopServer) Serve(ln net.Listener) error {
 	}
 	// OnBoot comes before the loops exist: a connection to the engine's
 	// own listener, once opened on a loop, says they all run.
-	if err := s.probe(); err != nil {
-		s.stop()
-		return fmt.Errorf("tier2: event loops: %w", err)
-	}
+	err = s.probe()
 	if s.draining.Load() { // closed while the loops started
 		s.stop()
 		return http.ErrServerClosed
+	}
+	if err != nil {
+		s.stop()
+		return fmt.Errorf("tier2: event loops: %w", err)
 	}
 	go s.h2.Serve(s.h2ln)
 	go s.watchAbort(s.h2ln.done)
@@ -178,9 +197,9 @@ func (s *LoopServer) Serve(ln net.Listener) error {
 }
 
 // probe connects to the engine's listener and waits for the connection
-// to open on a loop.
+// to open on a loop, for Shutdown or Close, or for startTimeout.
 func (s *LoopServer) probe() error {
-	nc, err := net.DialTimeout("unix", s.sock, dialTimeout)
+	nc, err := net.DialTimeout("unix", s.sock, startTimeout)
 	if err != nil {
 		return err
 	}
@@ -188,8 +207,10 @@ func (s *LoopServer) probe() error {
 	select {
 	case <-s.running:
 		return nil
-	case <-time.After(dialTimeout):
-		return errors.New("no event loop opened a connection")
+	case <-s.closing:
+		return http.ErrServerClosed
+	case <-time.After(startTimeout):
+		return fmt.Errorf("no event loop opened a connection in %s", startTimeout)
 	}
 }
 
@@ -240,7 +261,7 @@ func (s *LoopServer) enroll(nc net.Conn) {
 // ends) for the requests in flight; the connections that carried them are
 // closed as they finish. Then the loops stop.
 func (s *LoopServer) Shutdown(ctx context.Context) error {
-	s.draining.Store(true)
+	s.closeDown()
 	s.mu.Lock()
 	ln := s.ln
 	var conns []*clientConn
@@ -274,7 +295,7 @@ func (s *LoopServer) Shutdown(ctx context.Context) error {
 
 // Close closes every connection at once.
 func (s *LoopServer) Close() error {
-	s.draining.Store(true)
+	s.closeDown()
 	s.mu.Lock()
 	if s.ln != nil {
 		s.ln.Close()

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -222,6 +223,50 @@ func TestLoopServerShutdown(t *testing.T) {
 	if _, err := http.Get(d.url + "/healthz"); err == nil {
 		t.Fatal("a caller was served after Shutdown")
 	}
+}
+
+// A LoopServer closed while its loops start (a process told to stop as it
+// comes up) ends Serve with http.ErrServerClosed, at once, rather than with
+// a start-up error after the probe's timeout.
+func TestLoopServerClosedWhileStarting(t *testing.T) {
+	t.Run("probe", func(t *testing.T) {
+		// A socket that takes the probe's connection and never opens it on
+		// a loop: the window between the engine's boot and its loops.
+		sock := filepath.Join(t.TempDir(), "loops.sock")
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		s := &LoopServer{sock: sock, running: make(chan struct{}), closing: make(chan struct{})}
+		s.closeDown()
+		if err := s.probe(); !errors.Is(err, http.ErrServerClosed) {
+			t.Fatalf("probe after Close: %v, want http.ErrServerClosed", err)
+		}
+	})
+	t.Run("serve", func(t *testing.T) {
+		d := newDoorRouter(t, nil, "http://127.0.0.1:1") // never called
+		for i := range 8 {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := NewLoopServer(d.r, d.r.Handler(), LoopConfig{})
+			served := make(chan error, 1)
+			go func() { served <- s.Serve(ln) }()
+			if i%2 == 1 {
+				select { // inside the window, or just after it
+				case <-s.booted:
+				case <-time.After(time.Minute):
+					t.Fatal("the engine did not boot")
+				}
+			}
+			s.Close()
+			if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+				t.Fatalf("round %d: Serve: %v, want http.ErrServerClosed", i, err)
+			}
+		}
+	})
 }
 
 // parseResponseHead reads what net/http reads of a response head, and
