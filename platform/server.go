@@ -36,30 +36,12 @@ const drainTimeout = 30 * time.Second
 type server struct {
 	name string
 	srv  *http.Server
-	// front, when set, serves ln instead of srv (Tier-2's event loops).
-	front frontServer
-	ln    net.Listener
+	ln   net.Listener
 	// abort, when set, is called when a drain's deadline passes, before
 	// the remaining connections are closed.
 	abort func()
 	// drainAfter bounds the drain; zero means drainTimeout.
 	drainAfter time.Duration
-}
-
-// frontServer is what serves a listener: *http.Server or
-// *tier2.LoopServer.
-type frontServer interface {
-	Serve(net.Listener) error
-	Shutdown(context.Context) error
-	Close() error
-}
-
-// serving is the server of s.ln.
-func (s *server) serving() frontServer {
-	if s.front != nil {
-		return s.front
-	}
-	return s.srv
 }
 
 // listeners are a process's HTTP listeners: its main one (the proxy or
@@ -96,7 +78,7 @@ func (s *server) Addr() string { return s.ln.Addr().String() }
 // serve runs until ctx ends, then drains in-flight requests.
 func (s *server) serve(ctx context.Context, log *slog.Logger) error {
 	errc := make(chan error, 1)
-	go func() { errc <- s.serving().Serve(s.ln) }()
+	go func() { errc <- s.srv.Serve(s.ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("%s: %w", s.name, err)
@@ -119,7 +101,7 @@ func (s *server) drain(log *slog.Logger) {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	srv := s.serving()
+	srv := s.srv
 	if err := srv.Shutdown(sctx); err == nil {
 		return
 	}

@@ -37,10 +37,6 @@ type Tier2Config struct {
 	SubscribeAll bool
 	// TLSCert and TLSKey, both set, serve the front door over HTTPS.
 	TLSCert, TLSKey string
-	// NetHTTP serves the front door with net/http's server (a goroutine
-	// per connection) instead of event loops (tier2.LoopServer, the
-	// default for plaintext). Over TLS it is net/http's always.
-	NetHTTP bool
 	// CanaryPeriod overrides the Topology's canary analysis period (zero:
 	// the Topology's).
 	CanaryPeriod time.Duration
@@ -144,11 +140,6 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	}
 	opened = append(opened, fs.ln)
 	frontDoorServer(fs, inst.Router.Abort)
-	if !f.NetHTTP && f.TLSCert == "" {
-		fs.front = tier2.NewLoopServer(inst.Router, fs.srv.Handler, tier2.LoopConfig{
-			ReadHeaderTimeout: fs.srv.ReadHeaderTimeout, IdleTimeout: fs.srv.IdleTimeout, MaxHeaderBytes: fs.srv.MaxHeaderBytes,
-		})
-	}
 	out.listeners = append(out.listeners, fs)
 	if f.Metrics != "" {
 		admin := metricsMux(reg)

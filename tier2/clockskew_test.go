@@ -142,7 +142,7 @@ func TestClockSkewBetweenInstances(t *testing.T) {
 		go func() { in.Run(ctx, nil); close(done) }()
 		t.Cleanup(func() { cancel(); <-done })
 		join = append(join, in.Node.Addr())
-		tier2s[r.region], url[r.region] = in, serveFront(t, in.Router, in.Handler(), nil)
+		tier2s[r.region], url[r.region] = in, serveFront(t, in.Handler(), nil)
 	}
 
 	// servedBy sends a completion for model through the Tier-2 of region

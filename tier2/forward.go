@@ -22,25 +22,30 @@ import (
 	"github.com/meridian-router/meridian/request"
 )
 
-// NewTransport returns the transport Tier-2 uses to reach Tier-1s: pooled
-// keep-alive HTTP/1.1 connections used on the request's own goroutine for
-// plaintext Tier-1s (h1Transport), net/http's transport with HTTP/2 when
-// the Tier-1 offers it over TLS, and a short connect timeout so an
-// unreachable cluster fails over quickly.
-func NewTransport() http.RoundTripper {
-	return newH1Transport(newHTTPTransport())
-}
-
-func newHTTPTransport() *http.Transport {
+// NewTransport returns the transport Tier-2 uses to reach Tier-1s:
+// net/http's, with keep-alive connections pooled per Tier-1 (a Tier-1
+// carries many concurrent streams), HTTP/2 when a Tier-1 offers it over
+// TLS, a short connect timeout so that an unreachable cluster fails over
+// quickly, and a bound on a Tier-1's response headers. The wait for the
+// response headers is the router's (UpstreamHeaderTimeout), not the
+// transport's: it depends on whether the request streams.
+func NewTransport() *http.Transport {
 	return &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        1024,
-		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-		ForceAttemptHTTP2:   true,
+		Proxy:                  nil, // Tier-1s are reached directly, whatever HTTP_PROXY says
+		DialContext:            (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:    5 * time.Second,
+		MaxIdleConns:           1024,
+		MaxIdleConnsPerHost:    256,
+		IdleConnTimeout:        90 * time.Second,
+		MaxResponseHeaderBytes: maxResponseHeader,
+		DisableCompression:     true, // bodies pass through as the pod wrote them
+		ForceAttemptHTTP2:      true,
 	}
 }
+
+// maxResponseHeader bounds a Tier-1's response headers: a response whose
+// headers are larger fails the attempt.
+const maxResponseHeader = 64 << 10
 
 // prefixHash keys cluster-level prefix affinity: a hash of the prompt's
 // first PrefixBlocks blocks of 256 characters (a shared system prompt).
@@ -293,7 +298,9 @@ func (r *Router) upstreamHeader(out, in http.Header, c *call) {
 // the credential (nor the claim it replaces), nor the hop-by-hop headers.
 func passedOn(k string) bool {
 	switch k {
-	case "Authorization", "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", insecureCriticality:
+	// Expect: the front door has answered 100-continue itself and read the
+	// body; a Tier-1's interim 100 is no answer to relay.
+	case "Authorization", "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Expect", insecureCriticality:
 		return false
 	}
 	return true

@@ -51,7 +51,7 @@ func frontDoor(t *testing.T) (string, testKey) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serveFront(t, r, r.Handler(), nil), ecK
+	return serveFront(t, r.Handler(), nil), ecK
 }
 
 // Bad input gets a clear 4xx in OpenAI's error shape, never a 5xx.

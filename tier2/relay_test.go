@@ -92,9 +92,9 @@ func TestStreamWrites(t *testing.T) {
 	defer up.Close()
 	var upWrites, callerWrites atomic.Int32
 	d := newDoorRouter(t, func(c *Config) {
-		tr := newH1Transport(newHTTPTransport())
-		dial := tr.dial
-		tr.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		tr := NewTransport()
+		dial := tr.DialContext
+		tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := dial(ctx, network, addr)
 			if err != nil {
 				return nil, err

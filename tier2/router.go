@@ -112,10 +112,6 @@ type Router struct {
 	bufs     sync.Pool
 	readers  sync.Pool // *relayReader, a 32 KiB buffer for relaying event streams
 	cohorts  sync.Map  // rewrite name → *rewrite.Cohort of its rollout's state; see Canary
-	// loopTransport: Tier-1s are reached with NewTransport's behaviour,
-	// which a LoopServer's loops reproduce; with a transport of the
-	// caller's, a LoopServer forwards through it on a goroutine.
-	loopTransport bool
 }
 
 // state is one configuration's derived routing state.
@@ -137,7 +133,6 @@ func NewRouter(cfg Config, snap *config.Snapshot) (*Router, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	loopTransport := cfg.Transport == nil
 	if cfg.Transport == nil {
 		cfg.Transport = NewTransport()
 	}
@@ -172,7 +167,7 @@ func NewRouter(cfg Config, snap *config.Snapshot) (*Router, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	r := &Router{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, loopTransport: loopTransport}
+	r := &Router{cfg: cfg, log: cfg.Logger, m: cfg.Metrics}
 	r.auth.Store(cfg.Auth)
 	r.stopping, r.abort = context.WithCancel(context.Background())
 	r.bufs.New = func() any { return new([32 << 10]byte) }

@@ -152,7 +152,7 @@ func (h *reloadHarness) start(t *testing.T, first *config.Snapshot, updates <-ch
 	go func() { defer wg.Done(); in.Run(ctx, updates) }()
 	go func() { defer wg.Done(); h.feed(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	h.url = serveFront(t, in.Router, in.Handler(), nil) // closed before the cleanup above
+	h.url = serveFront(t, in.Handler(), nil) // closed before the cleanup above
 	testkit.Eventually(t, "both clusters in the routing decision", func() bool { return len(h.candidates()) == 2 })
 }
 

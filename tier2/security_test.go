@@ -101,7 +101,7 @@ spec:
 func newDoor(t *testing.T, mod func(*Config), upstreams ...string) *door {
 	t.Helper()
 	d := newDoorRouter(t, mod, upstreams...)
-	d.url = serveFront(t, d.r, d.r.Handler(), func() { d.handled <- struct{}{} })
+	d.url = serveFront(t, d.r.Handler(), func() { d.handled <- struct{}{} })
 	return d
 }
 

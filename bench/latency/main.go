@@ -14,9 +14,8 @@
 // more, each path's runs are also compared with the nginx run beside them
 // (quartiles). The goproxy path is the plainest net/http reverse proxy (floor.go):
 // what any front door on Go's HTTP server costs here, before its own work.
-// The fastfloor and gnetfloor paths are the same floor on fasthttp and on
-// gnet's event loops (bench/fastfloor, bench/gnetfloor: modules of their
-// own, built separately and passed by path).
+// The fastfloor path is the same floor on fasthttp (bench/fastfloor: a
+// module of its own, built separately and passed by path).
 //
 //	go build -o /tmp/meridian ./cmd/meridian
 //	go run ./bench/latency --meridian /tmp/meridian --runs 5 --duration 8s
@@ -54,7 +53,6 @@ var (
 	tier1Bin    = flag.String("tier1-meridian", "", "meridian binary for the simulated pods and the shared Tier-1 (default: --meridian); set it to compare two Tier-2 builds in front of the same Tier-1")
 	nginxBin    = flag.String("nginx", "/usr/sbin/nginx", "path to nginx (skipped when absent)")
 	fastfloor   = flag.String("fastfloor", "", "path to a built bench/fastfloor binary, for the fastfloor path (the goproxy floor on fasthttp)")
-	gnetfloor   = flag.String("gnetfloor", "", "path to a built bench/gnetfloor binary, for the gnetfloor path (an event-loop floor on gnet that passes bytes through)")
 	concurrency = flag.Int("concurrency", 64, "concurrent streams")
 	duration    = flag.Duration("duration", 8*time.Second, "load per path per run")
 	warmup      = flag.Duration("warmup", 2*time.Second, "unmeasured load per path before the first run (0: none)")
@@ -63,7 +61,7 @@ var (
 	maxTokens   = flag.Int("max-tokens", 16, "output tokens per request")
 	pods        = flag.Int("pods", 4, "simulated pods")
 	timeScale   = flag.Float64("time-scale", 1000, "simulated model seconds per wall-clock second (high: the pods answer at once)")
-	paths       = flag.String("paths", "direct,tier1,tier2,nginx", "paths to measure: direct, tier1, tier2, tier2http (the same Tier-2 on net/http), nginx, goproxy, fastfloor, gnetfloor")
+	paths       = flag.String("paths", "direct,tier1,tier2,nginx", "paths to measure: direct, tier1, tier2, nginx, goproxy, fastfloor")
 	streamOpts  = flag.String("stream-options", "", `the clients' "stream_options" object (JSON, e.g. {"include_usage":true,"continuous_usage_stats":true}); empty: none`)
 	unique      = flag.Bool("unique", true, "give every request a distinct prompt prefix, so that prefix affinity does not concentrate identical prompts on one pod (which measures routing, not the proxy)")
 )
@@ -120,20 +118,8 @@ func main() {
 	waitHTTP("http://" + t1 + "/readyz")
 	start(*meridianBin, "tier2", "--config", dir, "--region", "bench", "--name", "bench", "--listen", t2, "--metrics", "", "--subscribe-all")
 	waitHTTP("http://" + t2 + "/readyz")
-	t2http := ""
-	if strings.Contains(*paths, "tier2http") {
-		// The same Tier-2 on net/http's server, a goroutine per
-		// connection (meridian tier2 --event-loop=false).
-		t2http = freeAddr()
-		start(*meridianBin, "tier2", "--config", dir, "--region", "bench", "--name", "bench-http", "--listen", t2http, "--metrics", "", "--subscribe-all", "--event-loop=false")
-		pids["tier2http"] = procs[len(procs)-1].Process.Pid
-		waitHTTP("http://" + t2http + "/readyz")
-	}
 
 	targets := map[string]string{"tier1": "http://" + t1, "tier2": "http://" + t2}
-	if t2http != "" {
-		targets["tier2http"] = "http://" + t2http
-	}
 	if _, err := os.Stat(*nginxBin); err == nil && strings.Contains(*paths, "nginx") {
 		ng := freeAddr()
 		pids["nginx"] = startNginx(ctx, dir, ng, t1, &procs)
@@ -147,7 +133,7 @@ func main() {
 		targets["goproxy"] = "http://" + gp
 	}
 	// The floors built as binaries of their own: path name → binary.
-	for name, bin := range map[string]string{"fastfloor": *fastfloor, "gnetfloor": *gnetfloor} {
+	for name, bin := range map[string]string{"fastfloor": *fastfloor} {
 		if bin == "" || !strings.Contains(*paths, name) {
 			continue
 		}
@@ -179,7 +165,7 @@ func main() {
 			urls = []string{u}
 		}
 		hdr := http.Header{"Content-Type": {"application/json"}}
-		if p == "tier2" || p == "tier2http" {
+		if p == "tier2" {
 			hdr.Set("Authorization", "Bearer "+token)
 		}
 		return urls, hdr

@@ -15,7 +15,7 @@ func init() { extraCommands = append(extraCommands, newTier2Cmd) }
 
 type tier2Flags struct {
 	gcPercent int
-	eventLoop bool
+	eventLoop bool // --event-loop: accepted and ignored (deprecated)
 	tier2     platform.Tier2Config
 }
 
@@ -43,7 +43,8 @@ func newTier2Cmd() *cobra.Command {
 	cmd.Flags().BoolVar(&t.CloudWatch, "cloudwatch", false, "publish per-Region aggregates (requests, P99 TTFT per model, 429 rate, failovers) to CloudWatch with PutMetricData (standard AWS credential chain)")
 	cmd.Flags().StringVar(&t.CloudWatchRegion, "cloudwatch-region", "", "AWS Region of the CloudWatch endpoint (default: the SDK's: AWS_REGION, shared config)")
 	cmd.Flags().StringVar(&t.TLSCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS and HTTP/2)")
-	cmd.Flags().BoolVar(&f.eventLoop, "event-loop", true, "serve the plaintext front door on event loops (one fewer than the cores); false: net/http's server, a goroutine per connection")
+	cmd.Flags().BoolVar(&f.eventLoop, "event-loop", false, "no effect: the front door is always net/http's server")
+	cmd.Flags().MarkDeprecated("event-loop", "the front door is always net/http's server; remove the flag")
 	cmd.Flags().StringVar(&t.TLSKey, "tls-key", "", "TLS key file")
 	cmd.Flags().StringVar(&t.IdentityKeyFile, "identity-key-file", "", "file of the key that signs the tenant and band sent to Tier-1s (same file as tier1's --identity-key-file; empty: sent unsigned)")
 	cmd.Flags().StringVar(&t.FrontDoor.DefaultTenant, "default-tenant", "", "Tenant whose policy applies to callers whose tenant has no Tenant object (empty: they are refused with 403)")
@@ -59,7 +60,6 @@ func newTier2Cmd() *cobra.Command {
 
 func runTier2(ctx context.Context, f tier2Flags, log *slog.Logger) error {
 	applyGC(f.gcPercent, log)
-	f.tier2.NetHTTP = !f.eventLoop
 	t, err := platform.StartTier2(ctx, f.tier2, log)
 	if err != nil {
 		return err

@@ -249,11 +249,13 @@ func (p *Proxy) stream(w http.ResponseWriter, body io.Reader, att *gateway.Attem
 	}
 }
 
-// Hop-by-hop headers are not forwarded (RFC 9110 §7.6.1).
+// Hop-by-hop headers are not forwarded (RFC 9110 §7.6.1), nor Expect:
+// the proxy has answered 100-continue itself and read the body, and a
+// pod's interim 100 is no answer to relay.
 var hopHeaders = map[string]bool{
 	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-	"Content-Length": true,
+	"Content-Length": true, "Expect": true,
 }
 
 func copyHeader(dst, src http.Header) {
