@@ -186,16 +186,11 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	return out, nil
 }
 
-// frontDoorServer sets up the front door's listener: HTTP/1.1 and h2c,
-// at most 64 KiB of request headers (Go answers 431 beyond), and abort
-// (the router's) called at a drain's deadline so that the streams still
-// open get an error event before their connections close.
+// frontDoorServer sets up the front door's listener: tier2.NewServer's
+// settings, and abort (the router's) called at a drain's deadline so that
+// the streams still open get an error event before their connections
+// close.
 func frontDoorServer(s *server, abort func()) {
-	var protos http.Protocols
-	protos.SetHTTP1(true)
-	protos.SetHTTP2(true)
-	protos.SetUnencryptedHTTP2(true)
-	s.srv.Protocols = &protos
-	s.srv.MaxHeaderBytes = 64 << 10
+	s.srv = tier2.NewServer(s.srv.Handler)
 	s.abort = abort
 }

@@ -96,9 +96,17 @@ func (r *Router) attempts(st *state, c *call, w http.ResponseWriter, req *http.R
 		if aerr != nil {
 			r.cfg.Fleet.End(t, aerr.result)
 			last = aerr
-			if req.Context().Err() != nil || errors.Is(aerr.cause, errShutdown) {
+			if req.Context().Err() != nil {
+				// The caller went away: nothing is answered (an empty 200
+				// would read as a success to a client that half-closed).
 				r.settle(c, 0)
-				return // the caller went away, or Tier-2 is stopping
+				panic(http.ErrAbortHandler)
+			}
+			if errors.Is(aerr.cause, errShutdown) {
+				r.settle(c, 0)
+				w.Header().Set("Connection", "close")
+				request.Unavailable("shutting_down", "the front door is shutting down; retry the request").Write(w)
+				return
 			}
 			r.log.Warn("tier2: cluster failed before responding; failing over", "cluster", t.Cluster, "region", t.Region, "reason", aerr.reason)
 			continue

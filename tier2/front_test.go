@@ -7,8 +7,8 @@ import (
 )
 
 // serveFront serves h (a front door, perhaps wrapped) on 127.0.0.1 with
-// net/http's server and returns its URL; done, when set, is called as
-// each request ends.
+// the front door's server (NewServer) and returns its URL; done, when
+// set, is called as each request ends.
 func serveFront(tb testing.TB, h http.Handler, done func()) string {
 	tb.Helper()
 	if done != nil {
@@ -18,7 +18,9 @@ func serveFront(tb testing.TB, h http.Handler, done func()) string {
 			inner.ServeHTTP(w, req)
 		})
 	}
-	srv := httptest.NewServer(h)
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config = NewServer(h)
+	srv.Start()
 	tb.Cleanup(srv.Close)
 	return srv.URL
 }

@@ -261,6 +261,7 @@ func (r *Router) Handler() http.Handler {
 				Message: fmt.Sprintf("%d header values, at most %d are accepted", n, r.cfg.MaxHeaders)}).Write(w)
 			return
 		}
+		request.CloseAfterChunked(w, req)
 		stripInternal(req.Header)
 		mux.ServeHTTP(w, req)
 	})

@@ -84,7 +84,10 @@ func (p *Proxy) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		request.NotFound("not_found", "no route for "+r.Method+" "+r.URL.Path).Write(w)
 	})
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		request.CloseAfterChunked(w, r)
+		mux.ServeHTTP(w, r)
+	})
 }
 
 func (p *Proxy) serveReady(w http.ResponseWriter, _ *http.Request) {
