@@ -24,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,6 +57,11 @@ type Config struct {
 	Prefix    string
 	FrontDoor tier2.Config // every Tier-2's front-door settings
 	Version   string       // meridian_build_info's version
+	// DrainTimeout bounds how long the Tier-2s wait for open requests when
+	// the platform stops, before each stream still open gets a
+	// shutting_down event. The Tier-1s and pods stop only after the
+	// Tier-2s have drained. Zero means 30 s.
+	DrainTimeout time.Duration
 }
 
 // Platform is a started local platform: simulated pods, a Tier-1 per
@@ -300,7 +306,8 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 		return nil, err
 	}
 
-	// Simulated pods, one per StaticEndpoints entry.
+	// Simulated pods, one per StaticEndpoints entry. They outlive ctx:
+	// Run closes them once the tiers in front have drained.
 	regionOf := map[string]string{} // cluster → Region
 	for _, r := range snap.Topology.Spec.Regions {
 		for _, c := range r.Clusters {
@@ -309,7 +316,7 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 	}
 	for _, se := range snap.StaticEndpoints {
 		for _, ep := range se.Spec.Endpoints {
-			lp, err := startPod(ctx, snap, se.Spec.Cluster, regionOf[se.Spec.Cluster], ep, f.TimeScale)
+			lp, err := startPod(context.WithoutCancel(ctx), snap, se.Spec.Cluster, regionOf[se.Spec.Cluster], ep, f.TimeScale)
 			if err != nil {
 				return fail(err)
 			}
@@ -385,7 +392,7 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 		front.Tier1Key = identity // signs tenant and band for the platform's Tier-1s
 		t2, err := StartTier2(ctx, Tier2Config{Source: src.forComponent(name), Region: r.Name, Name: name, Listen: addr, Metrics: "127.0.0.1:0",
 			GossipBind: "127.0.0.1:0", Join: slices.Clone(joins), GossipProfile: "local", FrontDoor: front, Version: f.Version,
-			Keys: keys, Transport: delayTransport(r.Name, snap, f.CrossRegionDelay), GossipTransport: gt}, log)
+			Keys: keys, Transport: delayTransport(r.Name, snap, f.CrossRegionDelay), GossipTransport: gt, DrainTimeout: f.DrainTimeout}, log)
 		if err != nil {
 			return fail(fmt.Errorf("up: Tier-2 of %s: %w", r.Name, err))
 		}
@@ -396,16 +403,40 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 		p.fleets[r.Name] = t2.Fleet()
 		p.Metrics = append(p.Metrics, MetricsTarget{Addr: t2.MetricsAddr(), Labels: map[string]string{"job": "meridian-tier2", "region": r.Name}})
 	}
+	// Stopping drains front to back: the Tier-2s stop accepting and finish
+	// (or end with a shutting_down event) what they relay, while the
+	// Tier-1s and pods behind them still serve; then the Tier-1s drain;
+	// then the pods close.
 	p.run = func(ctx context.Context) error {
 		defer closePods()
 		g, gctx := errgroup.WithContext(ctx)
+		back, stopBack := context.WithCancel(context.WithoutCancel(gctx))
+		defer stopBack()
+		var fronts sync.WaitGroup
 		for _, c := range runs {
-			cctx, cancel := context.WithCancel(gctx)
+			parent, front := back, strings.HasPrefix(c.name, "tier2/")
+			if front {
+				parent = gctx
+				fronts.Add(1)
+			}
+			cctx, cancel := context.WithCancel(parent)
 			p.mu.Lock()
 			p.stops[c.name] = cancel
 			p.mu.Unlock()
-			g.Go(func() error { defer cancel(); return c.run(cctx) })
+			g.Go(func() error {
+				defer cancel()
+				if front {
+					defer fronts.Done()
+				}
+				return c.run(cctx)
+			})
 		}
+		g.Go(func() error {
+			<-gctx.Done()
+			fronts.Wait()
+			stopBack()
+			return nil
+		})
 		return g.Wait()
 	}
 	return p, nil

@@ -49,6 +49,9 @@ type Tier2Config struct {
 	IdentityKeyFile string
 	FrontDoor       tier2.Config
 	Version         string // meridian_build_info's version
+	// DrainTimeout bounds how long a stop waits for open requests before
+	// each stream still open gets a shutting_down event. Zero means 30 s.
+	DrainTimeout time.Duration
 
 	// Keys verifies callers' tokens (nil: the gateways' JWKS).
 	Keys *tier2.KeySet
@@ -140,6 +143,7 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	}
 	opened = append(opened, fs.ln)
 	frontDoorServer(fs, inst.Router.Abort)
+	fs.drainAfter = f.DrainTimeout
 	out.listeners = append(out.listeners, fs)
 	if f.Metrics != "" {
 		admin := metricsMux(reg)

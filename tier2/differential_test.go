@@ -142,7 +142,7 @@ func TestFrontDoorDifferential(t *testing.T) {
 			Statuses: []int{200}, Upstream: []string{"C@team"}},
 		{Name: "chunked body in many small writes", Pieces: testkit.Pieces(append([]string{chunkedHead}, splitEvery("100\r\n"+body256+"\r\n0\r\n\r\n", 32)...)...),
 			Statuses: []int{200}, Upstream: []string{"C@team"}},
-		{Name: "chunked, a zero chunk then a pipelined request", Pieces: testkit.Pieces(chunkedHead+"0\r\n\r\n"+post(claims, "B")),
+		{Name: "chunked, a zero chunk then a pipelined request", Pieces: testkit.Pieces(chunkedHead + "0\r\n\r\n" + post(claims, "B")),
 			Statuses: []int{400}, Check: closes},
 		{Name: "16-digit chunk size", Pieces: testkit.Pieces(chunkedHead + "0000000000000100\r\n" + body256 + "\r\n0\r\n\r\n"),
 			Statuses: []int{200}, Upstream: []string{"C@team"}},

@@ -57,6 +57,7 @@ func newUpCmd() *cobra.Command {
 	cmd.Flags().BoolVarP(&f.verbose, "verbose", "v", false, "log at info level")
 	cmd.Flags().StringSliceVar(&p.Etcd, "etcd", nil, "serve the configuration from etcd (seeded with --config or the example when the prefix is empty), so `meridian canary --etcd` can change it")
 	cmd.Flags().StringVar(&p.Prefix, "prefix", config.DefaultPrefix, "etcd key prefix (with --etcd)")
+	cmd.Flags().DurationVar(&p.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM or Ctrl-C, how long the Tier-2s wait for open requests (then each open stream gets a shutting_down event); Tier-1s and pods stop after them")
 	return cmd
 }
 

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -39,21 +40,37 @@ func FreePort(t testing.TB) string {
 // failing the test if it stopped with an error.
 func Run(t testing.TB, cfg platform.Config) (*platform.Platform, error) {
 	t.Helper()
+	p, _, err := run(t, cfg)
+	return p, err
+}
+
+// run is Run, and also returns a func that stops the platform as SIGTERM
+// does (its Run's context ends) and returns Run's result.
+func run(t testing.TB, cfg platform.Config) (*platform.Platform, func() error, error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	p, err := platform.Start(ctx, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		cancel()
-		return nil, err
+		return nil, nil, err
 	}
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	var result error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			result = <-done
+		})
+		return result
+	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		if err := stop(); err != nil && !errors.Is(err, context.Canceled) {
 			t.Errorf("platform stopped with: %v", err)
 		}
 	})
-	return p, nil
+	return p, stop, nil
 }
 
 // Start writes a two-Region platform on free loopback ports and starts
@@ -68,17 +85,29 @@ func Run(t testing.TB, cfg platform.Config) (*platform.Platform, error) {
 // requests an hour), prompt-a, -b and -c.
 func Start(t testing.TB, tune func(*platform.Config)) *platform.Platform {
 	t.Helper()
+	p, _ := StartStoppable(t, tune)
+	return p
+}
+
+// StartStoppable is Start, and also returns a func that stops the
+// platform as SIGTERM stops meridian up (Run's context ends) and returns
+// Run's result once every component has stopped.
+func StartStoppable(t testing.TB, tune func(*platform.Config)) (*platform.Platform, func() error) {
+	t.Helper()
 	// The ports are picked free and bound only when the platform starts:
 	// another test may take one in between; then it starts again on new
 	// ones.
-	var p *platform.Platform
+	var (
+		p    *platform.Platform
+		stop func() error
+	)
 	for attempt := 1; ; attempt++ {
 		cfg := platform.Config{Dir: writeTwoRegions(t), TimeScale: 50, CrossRegionDelay: 5 * time.Millisecond, Tenant: "team-a"}
 		if tune != nil {
 			tune(&cfg)
 		}
 		var err error
-		if p, err = Run(t, cfg); err == nil {
+		if p, stop, err = run(t, cfg); err == nil {
 			break
 		}
 		if attempt < 5 && (errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")) {
@@ -92,7 +121,7 @@ func Start(t testing.TB, tune func(*platform.Config)) *platform.Platform {
 	if err := p.Ready(ctx); err != nil {
 		t.Fatalf("platform not ready after %s: %v", ReadyTimeout, err)
 	}
-	return p
+	return p, stop
 }
 
 // ReadyTimeout bounds Start's wait for the platform to be ready: long, for

@@ -1,0 +1,125 @@
+package platform_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/meridian-router/meridian/platform"
+	"github.com/meridian-router/meridian/platform/platformtest"
+)
+
+// A request with Expect: 100-continue (what curl sends for a body over
+// 1 KB) through the local platform: the front door answers 100 itself,
+// the request is served once and charged once. Tier-1 was once sent the
+// header, and its own 100 failed every attempt: 503, clusters ejected,
+// the request still charged.
+func TestExpectContinueThroughPlatform(t *testing.T) {
+	p := platformtest.Start(t, nil)
+	token := platformtest.Token(t, p, "tiny") // two requests an hour
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: 30 * time.Second}}
+	body := `{"model":"fast","max_tokens":3,"messages":[{"role":"user","content":"` + strings.Repeat("x", 3000) + `"}]}`
+	send := func(expect bool) (int, int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, p.Endpoints["us-east-1"]+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		interim := 0
+		if expect {
+			req.Header.Set("Expect", "100-continue")
+			req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{Got100Continue: func() { interim++ }}))
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, interim, string(b)
+	}
+	code, interim, b := send(true)
+	if code != 200 || interim != 1 {
+		t.Fatalf("with Expect: 100-continue: status %d after %d interim responses, want 200 after 1: %s", code, interim, b)
+	}
+	var served struct {
+		Usage struct {
+			TotalTokens float64 `json:"total_tokens"`
+		}
+	}
+	if err := json.Unmarshal([]byte(b), &served); err != nil || served.Usage.TotalTokens == 0 {
+		t.Fatalf("no usage in the answer: %s", b)
+	}
+	// Charged = served, once: the Tier-2's charged tokens are the usage
+	// of the one answer, and it counted one request and no retry.
+	for name, want := range map[string]float64{
+		`meridian_tier2_charged_tokens_total{tenant="tiny"}`:          served.Usage.TotalTokens,
+		`meridian_tier2_requests_total{model_name="fast",code="200"}`: 1,
+		`meridian_tier2_retries_total`:                                0,
+	} {
+		if got := scrapeSum(t, tier2Metrics(t, p, "us-east-1"), name); got != want {
+			t.Errorf("%s = %g, want %g", name, got, want)
+		}
+	}
+}
+
+// tier2Metrics is the metrics address of region's Tier-2.
+func tier2Metrics(t *testing.T, p *platform.Platform, region string) string {
+	t.Helper()
+	for _, m := range p.Metrics {
+		if m.Labels["job"] == "meridian-tier2" && m.Labels["region"] == region {
+			return m.Addr
+		}
+	}
+	t.Fatalf("no Tier-2 metrics target for %s", region)
+	return ""
+}
+
+// scrapeSum scrapes addr's /metrics and sums the series of sel, a metric
+// name with optional {label="value",...} that the series must carry.
+func scrapeSum(t *testing.T, addr, sel string) float64 {
+	t.Helper()
+	name, labels, _ := strings.Cut(strings.TrimSuffix(sel, "}"), "{")
+	want := map[string]string{}
+	for _, kv := range strings.Split(labels, ",") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			want[k] = strings.Trim(v, `"`)
+		}
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	dec := expfmt.NewDecoder(resp.Body, expfmt.NewFormat(expfmt.TypeTextPlain))
+	sum := 0.0
+	for {
+		var mf dto.MetricFamily
+		if err := dec.Decode(&mf); err != nil {
+			break
+		}
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range want {
+				if got[k] != v {
+					continue series
+				}
+			}
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
