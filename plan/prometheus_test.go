@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // exporter serves, at a steady rate of requests per second since start,
@@ -71,10 +73,7 @@ func (e *exporter) Collect(ch chan<- prometheus.Metric) {
 // adapters' shares come back as served, and a capacity plan is made from
 // them.
 func TestFromPrometheus(t *testing.T) {
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatal("prometheus is not installed; .ci/run installs Debian's prometheus package (apt-get install prometheus)")
-	}
+	bin := testkit.Binary(t, "prometheus", "apt-get install prometheus")
 	ex := &exporter{
 		start:  time.Now(),
 		rps:    20,

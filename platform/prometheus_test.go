@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -25,13 +24,7 @@ import (
 // pool.
 func TestPrometheusPanels(t *testing.T) {
 	t.Parallel() // its own platform on its own ports; mostly waiting on the network
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("prometheus is not installed; .ci/run installs Debian's prometheus package")
-		}
-		t.Skip("prometheus not installed (apt-get install prometheus)")
-	}
+	bin := testkit.Binary(t, "prometheus", "apt-get install prometheus")
 	p := platformtest.Start(t, nil)
 
 	var targets promcfg.LocalTargets

@@ -19,17 +19,14 @@ import (
 	yamlv2 "go.yaml.in/yaml/v2"
 
 	promdeploy "github.com/meridian-router/meridian/deploy/prometheus"
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
-// promtool returns the path of promtool, or skips the test. CI installs
-// it (Debian's prometheus package); a developer machine may not have it.
+// promtool returns the path of promtool (testkit.Binary: skipped without
+// it on a developer's machine, failed under CI).
 func promtool(t *testing.T) string {
 	t.Helper()
-	path, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip("promtool not found on PATH: install Debian's prometheus package (apt-get install -y prometheus) to check and unit-test the rules")
-	}
-	return path
+	return testkit.Binary(t, "promtool", "apt-get install prometheus")
 }
 
 // runPromtool runs promtool in dir and returns its combined output.

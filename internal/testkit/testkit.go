@@ -10,6 +10,8 @@
 package testkit
 
 import (
+	"os"
+	"os/exec"
 	"runtime/debug"
 	"sync"
 	"testing"
@@ -109,4 +111,21 @@ func AllocsPerRun(runs int, f func()) float64 {
 	prev := debug.SetGCPercent(-1)
 	defer debug.SetGCPercent(prev)
 	return testing.AllocsPerRun(runs, f)
+}
+
+// Binary returns the path of the external program name, which install
+// says how to get. Without it the test is skipped on a developer's
+// machine and fails under CI (CI set), whose .ci/run installs it: a skip
+// there would hide a broken install.
+func Binary(tb testing.TB, name, install string) string {
+	tb.Helper()
+	path, err := exec.LookPath(name)
+	if err == nil {
+		return path
+	}
+	if os.Getenv("CI") != "" {
+		tb.Fatalf("%s is not installed, and CI must run this test: %s", name, install)
+	}
+	tb.Skipf("%s is not installed (%s)", name, install)
+	return ""
 }
