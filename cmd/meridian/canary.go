@@ -102,7 +102,8 @@ func canaryStartCmd(f *canaryFlags) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&o.To, "to", "", "the canary's target model (required)")
 	cmd.Flags().Int64Var(&o.Weight, "weight", 0, "a manual canary's weight in percent, 1..99 (default 5 without --steps)")
-	cmd.Flags().Int64SliceVar(&o.Steps, "steps", nil, "a stepped rollout's canary weights in percent, increasing (e.g. 5,25,50,100)")
+	cmd.Flags().Int64SliceVar(&o.Steps, "steps", nil, "a stepped rollout's canary weights in `percents`, increasing (e.g. 5,25,50,100)")
+	cmd.Flags().Lookup("steps").DefValue = "" // no "(default [])" in the help
 	cmd.Flags().DurationVar(&o.Interval, "interval", 0, "time per step of a stepped rollout (e.g. 10m)")
 	cmd.Flags().StringVar(&o.Salt, "salt", "", "stickiness salt of this rollout (default: a fresh one, REWRITE/ROLLOUT-ID, so each rollout draws a new cohort of callers)")
 	cmd.Flags().Float64Var(&lim.MaxTTFTP99Ratio, "max-ttft-ratio", 0, "fail when canary P99 TTFT / stable P99 TTFT exceeds this (default 1.5)")

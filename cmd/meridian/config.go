@@ -73,7 +73,11 @@ func newConfigValidateCmd() *cobra.Command {
 			failed := false
 			for _, p := range args {
 				docs, files, err := config.ReadDir(p)
-				if err == nil {
+				if err == nil && len(docs) == 0 {
+					// Nothing to validate is no configuration: a wrong path
+					// or a directory of other YAML must not read as valid.
+					err = fmt.Errorf("%s: no Meridian objects found (%d YAML file(s) read): name the directory of the platform's configuration", p, len(files))
+				} else if err == nil {
 					_, err = config.Build(docs, 0)
 				} else if errs, ok := config.AsErrors(err); ok {
 					if _, berr := config.Build(docs, 0); berr != nil {

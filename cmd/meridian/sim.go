@@ -117,7 +117,8 @@ GPU profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `. See docs/simulator
 	fl.StringVar(&fleet, "fleet", "", "YAML fleet file (pools of pods) instead of --profile/--pods")
 	fl.StringVar(&endpoints, "endpoints-out", "", "write a StaticEndpoints object listing the pods to this file (- for stdout)")
 	fl.BoolVar(&labelMetrics, "label-metrics", false, "add each pod's labels and pod=<name> to its metrics (for dashboards grouping by pool without relabelling)")
-	fl.StringToStringVar(&labels, "labels", nil, "extra pod labels printed for each pod, e.g. region=us-east-1")
+	fl.StringToStringVar(&labels, "labels", nil, "extra pod `labels` printed for each pod, as key=value pairs (e.g. region=us-east-1,zone=a)")
+	fl.Lookup("labels").DefValue = "" // no "(default [])" in the help
 	fl.Float64Var(&faults.ErrorRate, "error-rate", 0, "fraction of requests answered 500")
 	fl.Float64Var(&faults.RejectRate, "reject-rate", 0, "fraction of requests answered 429")
 	fl.Float64Var(&faults.SlowFactor, "slow-factor", 0, "multiply every engine step's duration (3 = three times slower)")

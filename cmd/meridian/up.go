@@ -55,7 +55,7 @@ func newUpCmd() *cobra.Command {
 	cmd.Flags().StringVar(&p.Ports, "ports", platform.PortsConfig, "listen ports: config (the configuration's, moving any that is taken to a free one) or auto (free ports for everything)")
 	cmd.Flags().StringVar(&f.targets, "prometheus-targets", "", "write a Prometheus file_sd JSON of every metrics endpoint to this file")
 	cmd.Flags().BoolVarP(&f.verbose, "verbose", "v", false, "log at info level")
-	cmd.Flags().StringSliceVar(&p.Etcd, "etcd", nil, "serve the configuration from etcd (seeded with --config or the example when the prefix is empty), so `meridian canary --etcd` can change it")
+	cmd.Flags().StringSliceVar(&p.Etcd, "etcd", nil, "serve the configuration from etcd (seeded with --config or the example when the prefix is empty), so that 'meridian canary --etcd' can change it")
 	cmd.Flags().StringVar(&p.Prefix, "prefix", config.DefaultPrefix, "etcd key prefix (with --etcd)")
 	cmd.Flags().DurationVar(&p.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM or Ctrl-C, how long the Tier-2s wait for open requests (then each open stream gets a shutting_down event); Tier-1s and pods stop after them")
 	return cmd
