@@ -21,7 +21,7 @@ import (
 // back, every component stopped at once.
 func TestUpDrainsFrontToBack(t *testing.T) {
 	p, stop := platformtest.StartStoppable(t, func(c *platform.Config) {
-		c.TimeScale = 1                   // long streams: still open at the drain's deadline
+		c.TimeScale = 1                  // long streams: still open at the drain's deadline
 		c.DrainTimeout = 2 * time.Second // then each gets shutting_down
 	})
 	token := platformtest.Token(t, p, "team-a")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -58,6 +59,18 @@ type Digest struct {
 	AdmitRate     float64
 	GateMaxQueued int
 
+	// Definition is the pool's definition as its Tier-1 applies it
+	// (config.PoolDefinition: "field=hash" entries, sorted); empty from a
+	// Tier-1 that does not report it. Pools of one model whose
+	// definitions differ have drifted (Drift).
+	Definition []string
+	// ServedAdapters are the LoRA adapters some ready pod can serve, and
+	// MaxModelLen the longest request (prompt plus output tokens) one of
+	// them accepts, from the pods' /v1/models. MaxModelLen 0 means the
+	// pods did not say: nothing is known of what they serve.
+	ServedAdapters []string
+	MaxModelLen    int
+
 	// Version orders digests of one pool from one producer; Produced is
 	// when the producer computed it, on its clock. Digests order by
 	// (Produced, Version): several Tier-1 replicas of one cluster each
@@ -93,6 +106,8 @@ const (
 	maxHotAdapters = 16
 	maxSaturation  = 1000
 	maxAdmitRate   = 10_000_000 // requests per second
+	maxDefinition  = 16         // fields of a definition
+	maxEntryLen    = 64         // bytes of one "field=hash" entry
 )
 
 // ErrInvalidDigest is wrapped by every validation and decoding error.
@@ -117,7 +132,18 @@ func (d *Digest) Validate() error {
 	if len(d.HotAdapters) > maxHotAdapters {
 		return bad("%d hot adapters, at most %d", len(d.HotAdapters), maxHotAdapters)
 	}
-	for _, a := range append(d.Adapters[:len(d.Adapters):len(d.Adapters)], d.HotAdapters...) {
+	if len(d.ServedAdapters) > maxAdapters {
+		return bad("%d served adapters, at most %d", len(d.ServedAdapters), maxAdapters)
+	}
+	if len(d.Definition) > maxDefinition {
+		return bad("%d definition fields, at most %d", len(d.Definition), maxDefinition)
+	}
+	for _, e := range d.Definition {
+		if e == "" || len(e) > maxEntryLen {
+			return bad("definition entry %.20q: want 1 to %d bytes", e, maxEntryLen)
+		}
+	}
+	for _, a := range slices.Concat(d.Adapters, d.HotAdapters, d.ServedAdapters) {
 		if a == "" || len(a) > maxNameLen {
 			return bad("adapter name %.20q: want 1 to %d bytes", a, maxNameLen)
 		}
@@ -127,7 +153,7 @@ func (d *Digest) Validate() error {
 		v    int
 	}{{"readyPods", d.ReadyPods}, {"totalPods", d.TotalPods}, {"queueTotal", d.QueueTotal}, {"queueMax", d.QueueMax},
 		{"queueMin", d.QueueMin}, {"running", d.Running}, {"inFlight", d.InFlight},
-		{"freshPods", d.FreshPods}, {"stalePods", d.StalePods}, {"gateWaiting", d.GateWaiting}, {"gateMaxQueued", d.GateMaxQueued}} {
+		{"freshPods", d.FreshPods}, {"stalePods", d.StalePods}, {"gateWaiting", d.GateWaiting}, {"gateMaxQueued", d.GateMaxQueued}, {"maxModelLen", d.MaxModelLen}} {
 		if f.v < 0 || f.v > math.MaxInt32 {
 			return bad("%s %d out of range", f.name, f.v)
 		}
@@ -199,7 +225,11 @@ func (d *Digest) appendBinary(b []byte) []byte {
 	// So did GateWaiting and AdmitRate (in thousandths).
 	b = binary.AppendUvarint(b, uint64(d.GateWaiting))
 	b = binary.AppendUvarint(b, uint64(math.Round(d.AdmitRate*1000)))
-	return binary.AppendUvarint(b, uint64(d.GateMaxQueued))
+	b = binary.AppendUvarint(b, uint64(d.GateMaxQueued))
+	// And what a pool is and can serve (drift).
+	b = appendStrings(b, d.Definition)
+	b = appendStrings(b, d.ServedAdapters)
+	return binary.AppendUvarint(b, uint64(d.MaxModelLen))
 }
 
 // UnmarshalBinary decodes one digest and validates it.
@@ -233,6 +263,11 @@ func (d *Digest) UnmarshalBinary(buf []byte) error {
 	}
 	if len(r.buf) > 0 {
 		d.GateMaxQueued = int(r.uvarint(math.MaxInt32))
+	}
+	if len(r.buf) > 0 {
+		d.Definition = r.strings(maxDefinition)
+		d.ServedAdapters = r.strings(maxAdapters)
+		d.MaxModelLen = int(r.uvarint(math.MaxInt32))
 	}
 	if r.err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidDigest, r.err)

@@ -3,6 +3,8 @@ package regions
 import (
 	"errors"
 	"math"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -19,9 +21,10 @@ func TestDigestSaturation(t *testing.T) {
 
 	// The old encoding ends at Produced: drop the six trailing uvarints
 	// (1.37 × 65,535 takes 3 bytes, 8, 2 and the zeros of GateWaiting,
-	// AdmitRate and GateMaxQueued one each).
+	// AdmitRate and GateMaxQueued one each) and the three empty fields of
+	// the definition and served capabilities.
 	var old Digest
-	if err := old.UnmarshalBinary(b[:len(b)-8]); err != nil {
+	if err := old.UnmarshalBinary(b[:len(b)-8-3]); err != nil {
 		t.Fatalf("digest without saturation: %v", err)
 	}
 	if old.Saturation != 0 || old.FreshPods != 0 || !old.Produced.Equal(in.Produced) {
@@ -47,7 +50,7 @@ func TestDigestGateWaiting(t *testing.T) {
 		t.Errorf("gate waiting %d admit rate %v max queued %d; want 300, 2.5, 1000", out.GateWaiting, out.AdmitRate, out.GateMaxQueued)
 	}
 	var old Digest
-	if err := old.UnmarshalBinary(b[:len(b)-6]); err != nil { // 300, 2,500 and 1,000 take two bytes each
+	if err := old.UnmarshalBinary(b[:len(b)-6-3]); err != nil { // 300, 2,500 and 1,000 take two bytes each; then three empty fields
 		t.Fatalf("digest without gate waiting: %v", err)
 	}
 	if old.GateWaiting != 0 || old.AdmitRate != 0 || old.FreshPods != 4 {
@@ -58,6 +61,43 @@ func TestDigestGateWaiting(t *testing.T) {
 		d.GateWaiting, d.AdmitRate, d.GateMaxQueued = bad.GateWaiting, bad.AdmitRate, bad.GateMaxQueued
 		if _, err := d.AppendBinary(nil); !errors.Is(err, ErrInvalidDigest) {
 			t.Errorf("gate waiting %d admit rate %v: err %v, want ErrInvalidDigest", bad.GateWaiting, bad.AdmitRate, err)
+		}
+	}
+}
+
+// The definition and what the pods serve came last: they travel, a digest
+// encoded before them decodes with neither (nothing known), and their
+// sizes are bounded.
+func TestDigestDefinitionAndServed(t *testing.T) {
+	in := sampleDigest()
+	in.Definition = []string{"adapters=0a1b2c3d", "weights=deadbeef"}
+	in.ServedAdapters = []string{"a1", "a2"}
+	in.MaxModelLen = 131072
+	b, out := roundTrip(t, in)
+	if !slices.Equal(out.Definition, in.Definition) || !slices.Equal(out.ServedAdapters, in.ServedAdapters) || out.MaxModelLen != 131072 {
+		t.Errorf("decoded definition %v served %v max len %d", out.Definition, out.ServedAdapters, out.MaxModelLen)
+	}
+	// Before them: two lists of two names each and 131,072 (three bytes).
+	cut := 1 + len("adapters=0a1b2c3d") + 1 + len("weights=deadbeef") + 1 + 1 + (1 + 2) + (1 + 2) + 1 + 3
+	var old Digest
+	if err := old.UnmarshalBinary(b[:len(b)-cut]); err != nil {
+		t.Fatalf("digest without definition: %v", err)
+	}
+	if old.Definition != nil || old.ServedAdapters != nil || old.MaxModelLen != 0 || old.GateMaxQueued != in.GateMaxQueued {
+		t.Errorf("old digest decoded as definition %v served %v max len %d", old.Definition, old.ServedAdapters, old.MaxModelLen)
+	}
+	for name, edit := range map[string]func(*Digest){
+		"too many fields":   func(d *Digest) { d.Definition = make([]string, maxDefinition+1) },
+		"long entry":        func(d *Digest) { d.Definition = []string{strings.Repeat("x", maxEntryLen+1)} },
+		"empty entry":       func(d *Digest) { d.Definition = []string{""} },
+		"too many served":   func(d *Digest) { d.ServedAdapters = make([]string, maxAdapters+1) },
+		"negative max len":  func(d *Digest) { d.MaxModelLen = -1 },
+		"empty served name": func(d *Digest) { d.ServedAdapters = []string{""} },
+	} {
+		d := sampleDigest()
+		edit(&d)
+		if _, err := d.AppendBinary(nil); !errors.Is(err, ErrInvalidDigest) {
+			t.Errorf("%s: err %v, want ErrInvalidDigest", name, err)
 		}
 	}
 }

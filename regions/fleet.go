@@ -39,6 +39,11 @@ type Request struct {
 	// Clusters, when not empty, restricts the choice to clusters with these
 	// names (a rewrite target pinned to some clusters).
 	Clusters []string
+	// Tokens is the request's length as a model server counts it against
+	// its max_model_len (prompt plus the output tokens asked for); 0 when
+	// unknown. A cluster whose ready pods all accept less is passed over,
+	// unless no cluster accepts that much (then the pods give the answer).
+	Tokens int
 }
 
 // Target is one cluster chosen for a request.
@@ -147,6 +152,9 @@ type candidate struct {
 	score    float64
 	capacity float64 // ready pods
 	expires  int64   // Unix ns when the digest goes stale
+	// maxLen is the longest request some ready pod accepts
+	// (Digest.MaxModelLen); 0 when unknown.
+	maxLen int
 }
 
 type ringPoint struct {
@@ -345,11 +353,16 @@ func (f *Fleet) rebuildLocked() {
 			v.proxScore[d.Region] = prox
 		}
 		cd := candidate{c: c, score: f.score(d, c, prox), capacity: float64(max(d.ReadyPods, d.StalePods)),
-			expires: expires.UnixNano()}
+			expires: expires.UnixNano(), maxLen: d.MaxModelLen}
 		for i := -1; i < len(d.Adapters); i++ {
 			name := d.Model
 			if i >= 0 {
 				name = d.Adapters[i]
+				// An adapter the pods are known not to have registered is
+				// not served here, whatever the configuration says.
+				if d.MaxModelLen > 0 && !slices.Contains(d.ServedAdapters, name) {
+					continue
+				}
 			}
 			mv := perModel[name]
 			if mv == nil {
@@ -363,10 +376,14 @@ func (f *Fleet) rebuildLocked() {
 			for j := range mv.cands {
 				if prev := &mv.cands[j]; prev.c == c {
 					capacity := prev.capacity + cd.capacity
+					maxLen := max(prev.maxLen, cd.maxLen)
+					if prev.maxLen == 0 || cd.maxLen == 0 {
+						maxLen = 0 // one pool's limit is unknown
+					}
 					if cd.score > prev.score {
 						*prev = cd
 					}
-					prev.capacity = capacity
+					prev.capacity, prev.maxLen = capacity, maxLen
 					merged = true
 					break
 				}
@@ -484,15 +501,25 @@ func (f *Fleet) Select(dst []Target, req Request) []Target {
 	now := f.now().UnixNano()
 	var ranks [maxCandidates]rank
 	var counts [rankEjected + 1]int
+	tooShort := 0 // candidates passed over for their context length
 	for i := range mv.cands {
 		cd := &mv.cands[i]
 		if now >= cd.expires || (len(req.Clusters) > 0 && !slices.Contains(req.Clusters, cd.c.Name)) {
 			ranks[i] = rankStale
 			continue
 		}
+		if req.Tokens > 0 && cd.maxLen > 0 && req.Tokens > cd.maxLen {
+			ranks[i] = rankStale
+			tooShort++
+			continue
+		}
 		r := cd.c.admission(now, &v.outlier)
 		ranks[i] = r
 		counts[r]++
+	}
+	if tooShort > 0 && counts == [rankEjected + 1]int{} {
+		// No cluster takes a request this long: the pods say so themselves.
+		return f.Select(dst, Request{Model: req.Model, PrefixHash: req.PrefixHash, Clusters: req.Clusters})
 	}
 	top := rankReady
 	for top <= rankEjected && counts[top] == 0 {

@@ -910,3 +910,43 @@ func BenchmarkModelDigests(b *testing.B) {
 		}
 	})
 }
+
+// A cluster whose pods are known not to serve a request is never chosen
+// for it, not even as a fallback: an adapter its pods have not registered,
+// a request longer than every ready pod's max_model_len. Pods that say
+// nothing (MaxModelLen 0) are taken at the configuration's word; and a
+// request no cluster takes is sent anyway, for the pods to answer.
+func TestSelectServesOnlyWhatPodsCan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		full := pool("us-east-1", "full", "llama")
+		full.Adapters, full.ServedAdapters, full.MaxModelLen = []string{"a1", "a2"}, []string{"a1", "a2"}, 131072
+		lost := pool("us-east-1", "lost", "llama") // lost a2, shorter context, and the most headroom
+		lost.Adapters, lost.ServedAdapters, lost.MaxModelLen = []string{"a1", "a2"}, []string{"a1"}, 32768
+		unknown := pool("eu-west-1", "unknown", "llama")
+		unknown.Adapters = []string{"a1", "a2"}
+		full.Headroom, unknown.Headroom = 0.5, 0.4
+		f := newFleet(t, Config{}, full, lost, unknown)
+		for _, tc := range []struct {
+			name string
+			req  Request
+			want []string
+		}{
+			{"base model, short", Request{Model: "llama", Tokens: 1000}, []string{"lost", "unknown", "full"}},
+			{"adapter some pods lost", Request{Model: "a2"}, []string{"full", "unknown"}},
+			{"adapter all have", Request{Model: "a1"}, []string{"lost", "unknown", "full"}},
+			{"longer than one cluster takes", Request{Model: "llama", Tokens: 40000}, []string{"full", "unknown"}},
+			{"longer than any known takes", Request{Model: "llama", Tokens: 200000}, []string{"unknown"}},
+		} {
+			got := names(f.Select(nil, tc.req))
+			slices.Sort(got)
+			want := slices.Sorted(slices.Values(tc.want))
+			if !slices.Equal(got, want) {
+				t.Errorf("%s: Select = %v, want the clusters %v", tc.name, got, want)
+			}
+		}
+		f = newFleet(t, Config{}, full, lost)
+		if got := names(f.Select(nil, Request{Model: "llama", Tokens: 200000})); len(got) != 2 {
+			t.Errorf("a request no cluster takes: Select = %v, want both clusters (the pods answer)", got)
+		}
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -124,7 +125,8 @@ func (r *Router) attempts(st *state, c *call, w http.ResponseWriter, req *http.R
 // try, in order, and the body to send them. On error the request has been
 // refunded and the error is for reject.
 func (r *Router) prepare(st *state, c *call, buf []regions.Target) ([]regions.Target, sendBody, *request.APIError) {
-	targets := r.cfg.Fleet.Select(buf, regions.Request{Model: c.resolved.Target, PrefixHash: r.prefixHash(c), Clusters: c.resolved.Clusters})
+	targets := r.cfg.Fleet.Select(buf, regions.Request{Model: c.resolved.Target, PrefixHash: r.prefixHash(c), Clusters: c.resolved.Clusters,
+		Tokens: requestTokens(c)})
 	// The prompt has been estimated, charged and hashed: only the raw body
 	// and the model are read from here on.
 	c.body.Release()
@@ -154,6 +156,15 @@ func (r *Router) prepare(st *state, c *call, buf []regions.Target) ([]regions.Ta
 		}
 	}
 	return targets, body, nil
+}
+
+// requestTokens is the request's length as a model server counts it
+// against its max_model_len: the prompt estimate plus the output tokens
+// asked for (none when max_tokens is unset: the server then fits the
+// output to what is left).
+func requestTokens(c *call) int {
+	n := c.promptTokens + max(0, c.params.MaxTokens)
+	return int(min(n, math.MaxInt32))
 }
 
 // retry decides whether another cluster may be tried after last failed,

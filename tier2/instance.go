@@ -544,6 +544,7 @@ func FromProto(cd *tier1v1.ClusterDigest, p *tier1v1.PoolDigest) regions.Digest 
 		Version: p.GetVersion(), Produced: time.Unix(0, p.GetProducedUnixNano()),
 		Saturation: p.GetSaturation(), FreshPods: int(p.GetFreshPods()), StalePods: int(p.GetStalePods()),
 		GateWaiting: int(p.GetGateWaiting()), AdmitRate: p.GetAdmitRate(), GateMaxQueued: int(p.GetGateMaxQueued()),
+		Definition: p.GetDefinition(), ServedAdapters: p.GetServedAdapters(), MaxModelLen: int(p.GetMaxModelLen()),
 	}
 }
 

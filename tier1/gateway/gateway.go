@@ -142,7 +142,9 @@ type poolState struct {
 	name     string
 	model    string
 	adapters []string
-	pool     *tier1.Pool
+	// definition is the pool's config.PoolDefinition as last applied.
+	definition []string
+	pool       *tier1.Pool
 	// classLabel is the pod label naming each endpoint's latency class
 	// (config.SchedulerOptions.LatencyClassLabel); "" when classes are off.
 	classLabel string
@@ -264,6 +266,7 @@ func (g *Gateway) Apply(snap *config.Snapshot) error {
 			g.pools[sc.Name] = ps
 		}
 		ps.model, ps.adapters = sc.ModelName, slices.Clone(sc.LoraAdapters)
+		ps.definition = snap.PoolDefinition(gw, &sc)
 		ps.classLabel = latencyClassLabel(sc.Options)
 		// New bounds and waits apply to arrivals from now on; admitted
 		// requests keep their tickets.
@@ -729,7 +732,7 @@ func (g *Gateway) Pools() []PoolView {
 	defer g.mu.Unlock()
 	out := make([]PoolView, 0, len(g.pools))
 	for _, ps := range g.pools {
-		out = append(out, PoolView{Name: ps.name, Model: ps.model, Adapters: ps.adapters, Pool: ps.pool, stats: ps.stats, state: ps})
+		out = append(out, PoolView{Name: ps.name, Model: ps.model, Adapters: ps.adapters, Definition: ps.definition, Pool: ps.pool, stats: ps.stats, state: ps})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -739,9 +742,12 @@ func (g *Gateway) Pools() []PoolView {
 type PoolView struct {
 	Name, Model string
 	Adapters    []string
-	Pool        *tier1.Pool
-	stats       *poolStats
-	state       *poolState
+	// Definition is the pool's definition as applied
+	// (config.PoolDefinition), for drift between clusters.
+	Definition []string
+	Pool       *tier1.Pool
+	stats      *poolStats
+	state      *poolState
 }
 
 // TTFT returns the recent p50 and p99 time to first byte (zero without

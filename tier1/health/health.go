@@ -336,7 +336,8 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 	}
 	cfg = cfg.withDefaults()
 	th := cfg.Thresholds
-	pd := &tier1v1.PoolDigest{Pool: v.Name, Model: v.Model, Adapters: v.Adapters, ProducedUnixNano: now.UnixNano()}
+	pd := &tier1v1.PoolDigest{Pool: v.Name, Model: v.Model, Adapters: v.Adapters, Definition: v.Definition, ProducedUnixNano: now.UnixNano()}
+	served := map[string]bool{}
 	eps := v.Pool.Endpoints()
 	pd.TotalPods = uint32(len(eps))
 	var kvSum, spare float64
@@ -354,6 +355,12 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 			continue // counted in StalePods by Saturation
 		}
 		pd.ReadyPods++
+		if c := ep.Capabilities(); c != nil && c.MaxModelLen > 0 {
+			pd.MaxModelLen = max(pd.MaxModelLen, uint32(min(c.MaxModelLen, math.MaxUint32)))
+			for _, a := range c.Adapters {
+				served[a] = true
+			}
+		}
 		queue := m.Waiting + int(max(0, inFlight-int64(m.Waiting+m.Running)))
 		kv := min(1, max(0, m.KVCacheUsage))
 		pd.QueueTotal += uint32(queue)
@@ -393,7 +400,26 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 	pd.ErrorRate = clamp01(errRate)
 	pd.PrefixHitRatio = clamp01(v.IndexHitRatio())
 	pd.HotAdapters = hottest(hot, cfg.HotAdapters)
+	pd.ServedAdapters = servedAdapters(served, v.Adapters)
 	return pd
+}
+
+// maxServedAdapters bounds a digest's served adapters (regions' bound on
+// a digest's adapter lists).
+const maxServedAdapters = 64
+
+// servedAdapters lists, sorted, the adapters some ready pod can serve;
+// when they are more than a digest holds, those the pool is configured
+// with (the ones routed to it by name).
+func servedAdapters(served map[string]bool, configured []string) []string {
+	out := make([]string, 0, len(served))
+	for a := range served {
+		if len(served) <= maxServedAdapters || slices.Contains(configured, a) {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out)
+	return out[:min(len(out), maxServedAdapters)]
 }
 
 func hottest(score map[string]int, n int) []string {

@@ -193,8 +193,17 @@ type PoolDigest struct {
 	AdmitRate float64 `protobuf:"fixed64,25,opt,name=admit_rate,json=admitRate,proto3" json:"admit_rate,omitempty"`
 	// The most requests that Gate holds waiting (its maxQueued).
 	GateMaxQueued uint32 `protobuf:"varint,26,opt,name=gate_max_queued,json=gateMaxQueued,proto3" json:"gate_max_queued,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The pool's definition as this Tier-1 applies it, one "field=hash"
+	// entry per field of the scheduler (config.PoolDefinition: canonical
+	// JSON, so that formatting and key order do not count), sorted.
+	Definition []string `protobuf:"bytes,27,rep,name=definition,proto3" json:"definition,omitempty"`
+	// What the ready pods can serve, from their /v1/models: the LoRA
+	// adapters some ready pod has registered, sorted, and the longest
+	// max_model_len among them (0: no pod said).
+	ServedAdapters []string `protobuf:"bytes,28,rep,name=served_adapters,json=servedAdapters,proto3" json:"served_adapters,omitempty"`
+	MaxModelLen    uint32   `protobuf:"varint,29,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PoolDigest) Reset() {
@@ -405,6 +414,27 @@ func (x *PoolDigest) GetAdmitRate() float64 {
 func (x *PoolDigest) GetGateMaxQueued() uint32 {
 	if x != nil {
 		return x.GateMaxQueued
+	}
+	return 0
+}
+
+func (x *PoolDigest) GetDefinition() []string {
+	if x != nil {
+		return x.Definition
+	}
+	return nil
+}
+
+func (x *PoolDigest) GetServedAdapters() []string {
+	if x != nil {
+		return x.ServedAdapters
+	}
+	return nil
+}
+
+func (x *PoolDigest) GetMaxModelLen() uint32 {
+	if x != nil {
+		return x.MaxModelLen
 	}
 	return 0
 }
@@ -628,7 +658,7 @@ const file_tier1_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x123\n" +
 	"\x05pools\x18\x03 \x03(\v2\x1d.meridian.tier1.v1.PoolDigestR\x05pools\x12\x18\n" +
-	"\areplica\x18\x04 \x01(\tR\areplica\"\xbe\x06\n" +
+	"\areplica\x18\x04 \x01(\tR\areplica\"\xab\a\n" +
 	"\n" +
 	"PoolDigest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x14\n" +
@@ -666,7 +696,12 @@ const file_tier1_proto_rawDesc = "" +
 	"\fgate_waiting\x18\x18 \x01(\rR\vgateWaiting\x12\x1d\n" +
 	"\n" +
 	"admit_rate\x18\x19 \x01(\x01R\tadmitRate\x12&\n" +
-	"\x0fgate_max_queued\x18\x1a \x01(\rR\rgateMaxQueued\"\x98\x01\n" +
+	"\x0fgate_max_queued\x18\x1a \x01(\rR\rgateMaxQueued\x12\x1e\n" +
+	"\n" +
+	"definition\x18\x1b \x03(\tR\n" +
+	"definition\x12'\n" +
+	"\x0fserved_adapters\x18\x1c \x03(\tR\x0eservedAdapters\x12\"\n" +
+	"\rmax_model_len\x18\x1d \x01(\rR\vmaxModelLen\"\x98\x01\n" +
 	"\n" +
 	"PeerEvents\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x126\n" +
