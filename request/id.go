@@ -43,13 +43,12 @@ type ID struct {
 	val [1]string
 }
 
-// Use sets the request id of a request with headers in: the caller's
-// when it sent exactly one valid id (ValidID), else a generated one. It
-// sets it in in (so that it goes on to the next hop) and in out (the
-// response's headers), and returns it.
-func (id *ID) Use(in, out http.Header) string {
+// Take sets id to the request id of a request with headers in: the
+// caller's when it sent exactly one valid id (ValidID), else a generated
+// one. It returns it; Values is it as a header value.
+func (id *ID) Take(in http.Header) string {
 	if vs := in[HeaderID]; len(vs) == 1 && ValidID(vs[0]) {
-		out[HeaderID] = vs
+		id.val[0] = vs[0]
 		return vs[0]
 	}
 	copy(id.buf[:], "req_")
@@ -60,12 +59,22 @@ func (id *ID) Use(in, out http.Header) string {
 	}
 	hex.Encode(id.buf[4:], r[:])
 	id.val[0] = unsafe.String(&id.buf[0], IDLen)
-	v := id.val[:1:1]
-	in[HeaderID] = v
-	out[HeaderID] = v
 	return id.val[0]
 }
 
+// Values is the id Take set, as a header's values (one string), without
+// allocating.
+func (id *ID) Values() []string { return id.val[:1:1] }
+
+// Use is Take, setting the id in in (so that it goes on to the next hop)
+// and in out (the response's headers).
+func (id *ID) Use(in, out http.Header) string {
+	s := id.Take(in)
+	in[HeaderID] = id.Values()
+	out[HeaderID] = id.Values()
+	return s
+}
+
 // UseID is ID.Use for a caller without a per-request struct to keep the ID
-// in (one allocation when an id is generated).
+// in (one allocation).
 func UseID(in, out http.Header) string { return new(ID).Use(in, out) }

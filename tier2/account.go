@@ -8,7 +8,13 @@ import "bytes"
 // an upstream that sends neither, one token per chunk with text (vLLM
 // sends one token a chunk). Only events written to the caller count:
 // a stream cut by the caller is charged what reached it.
+//
+// A Response stream (responses) has no per-chunk usage: its
+// response.completed event (or response.incomplete, response.failed)
+// carries the final usage as input_tokens and output_tokens, and each
+// response.output_text.delta event before it counts one token.
 type streamAccount struct {
+	responses  bool
 	prompt     int64 // usage.prompt_tokens last seen; 0: unknown
 	completion int64 // cumulative usage.completion_tokens of the last relayed chunk
 	chunks     int64 // relayed chunks with text and no usage
@@ -33,6 +39,14 @@ type usage struct {
 func (a *streamAccount) read(line []byte, hideFinal, hideContinuous bool) ([]byte, streamEvent) {
 	var ev streamEvent
 	u, start, end, ok := findUsage(line)
+	if a.responses {
+		if ok {
+			ev.usage, ev.final = u, true
+		} else {
+			ev.text = indexKey(line, textDelta) >= 0
+		}
+		return line, ev
+	}
 	if !ok {
 		ev.text = hasText(line)
 		return line, ev
@@ -123,6 +137,7 @@ func findUsage(b []byte) (u usage, start, end int, ok bool) {
 var (
 	usageKey     = []byte(`"usage"`)
 	emptyChoices = []byte(`"choices":[]`)
+	textDelta    = []byte(`"type":"response.output_text.delta"`)
 )
 
 // usageObject reads the usage object starting at b[i] ('{') in one pass
@@ -162,9 +177,9 @@ func usageObject(b []byte, i int) (u usage, end int) {
 		}
 		var dst *int64
 		switch string(key) {
-		case "prompt_tokens":
+		case "prompt_tokens", "input_tokens": // chat and completions; responses
 			dst = &u.prompt
-		case "completion_tokens":
+		case "completion_tokens", "output_tokens":
 			dst = &u.completion
 		case "total_tokens":
 			dst = &u.total
