@@ -37,9 +37,9 @@ type Config struct {
 	// Protocol is "grpc" (the default) or "http/protobuf".
 	Protocol string
 	// SampleRatio is the fraction of new traces (requests without a
-	// sampled traceparent) recorded, 0 to 1. A request whose caller sent
-	// a traceparent follows the caller's sampled flag (parent-based).
-	// Zero means 1 when Endpoint is set: every trace.
+	// traceparent) recorded, 0 to 1 (the flags' default is 1). A request
+	// whose caller sent a traceparent follows the caller's sampled flag
+	// (parent-based), whatever the ratio.
 	SampleRatio float64
 	// Service is the service.name resource attribute ("meridian-tier2").
 	Service string
@@ -112,10 +112,6 @@ func Start(ctx context.Context, c Config) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
 	}
-	ratio := c.SampleRatio
-	if ratio == 0 {
-		ratio = 1
-	}
 	attrs := []attribute.KeyValue{attribute.String("service.name", c.Service)}
 	for k, v := range c.Attributes {
 		attrs = append(attrs, attribute.String(k, v))
@@ -126,7 +122,7 @@ func Start(ctx context.Context, c Config) (*Provider, error) {
 	}
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp, bopts...),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))),
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(c.SampleRatio))),
 		sdktrace.WithResource(resource.NewSchemaless(attrs...)),
 	)
 	return &Provider{tp: tp}, nil
