@@ -2,6 +2,8 @@ package platform_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -133,5 +135,15 @@ func TestCriticalToken(t *testing.T) {
 	}
 	if _, err := p.SignBand("team-a", "urgent"); err == nil {
 		t.Error("an unknown band was signed")
+	}
+}
+
+// TestCriticalTokenRefusedAtStart: `meridian up --tenant claims-team
+// --criticality critical` stops before anything starts, with a usage
+// error naming the tenant's maxBand (claims-team's is Standard).
+func TestCriticalTokenRefusedAtStart(t *testing.T) {
+	_, err := platform.Start(t.Context(), platform.Config{Tenant: "claims-team", Criticality: "critical", Ports: platform.PortsAuto}, slog.New(slog.DiscardHandler))
+	if !errors.Is(err, platform.ErrUsage) || !strings.Contains(err.Error(), `tenant "claims-team" may claim at most Standard`) {
+		t.Fatalf("got %v, want a usage error naming claims-team's maxBand", err)
 	}
 }
