@@ -141,11 +141,14 @@ var (
 )
 
 // usageObject reads the usage object starting at b[i] ('{') in one pass
-// over its members: the three counts (non-negative integers, bounded so
+// over its members: the three counts (a Response's input_tokens and
+// output_tokens where prompt_tokens and completion_tokens are absent) (non-negative integers, bounded so
 // that they cannot overflow; anything else counts 0) and the index after
 // the object, or -1 when it does not end.
 func usageObject(b []byte, i int) (u usage, end int) {
 	u.ok = true
+	var input, output int64
+	var hasPrompt, hasCompletion bool
 	i++
 	for {
 		i = skipSpace(b, i)
@@ -154,6 +157,12 @@ func usageObject(b []byte, i int) (u usage, end int) {
 		}
 		switch b[i] {
 		case '}':
+			if !hasPrompt {
+				u.prompt = input
+			}
+			if !hasCompletion {
+				u.completion = output
+			}
 			return u, i + 1
 		case ',':
 			i++
@@ -177,10 +186,14 @@ func usageObject(b []byte, i int) (u usage, end int) {
 		}
 		var dst *int64
 		switch string(key) {
-		case "prompt_tokens", "input_tokens": // chat and completions; responses
-			dst = &u.prompt
-		case "completion_tokens", "output_tokens":
-			dst = &u.completion
+		case "prompt_tokens":
+			dst, hasPrompt = &u.prompt, true
+		case "completion_tokens":
+			dst, hasCompletion = &u.completion, true
+		case "input_tokens": // a Response's, read when prompt_tokens is absent
+			dst = &input
+		case "output_tokens":
+			dst = &output
 		case "total_tokens":
 			dst = &u.total
 		}
