@@ -123,6 +123,7 @@ func (r *Router) attempts(st *state, c *call, w http.ResponseWriter, req *http.R
 			if errors.Is(aerr.cause, errShutdown) {
 				r.settle(c, 0)
 				w.Header().Set("Connection", "close")
+				c.status = http.StatusServiceUnavailable
 				request.Unavailable("shutting_down", "the front door is shutting down; retry the request").Write(w)
 				return
 			}
