@@ -17,6 +17,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -30,10 +31,13 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/golang-jwt/jwt/v5"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/deploy/examples"
+	"github.com/meridian-router/meridian/internal/tracing"
+	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/sim"
 	"github.com/meridian-router/meridian/tier2"
@@ -50,7 +54,10 @@ type Config struct {
 	// (gossip and Tier-2 to Tier-1), so that Region proximity is real.
 	CrossRegionDelay time.Duration
 	Tenant           string // tenant of the development token
-	Ports            string // PortsConfig (or empty) or PortsAuto
+	// Criticality is the band the development token claims (empty:
+	// Standard); a band above the tenant's maxBand is refused.
+	Criticality string
+	Ports       string // PortsConfig (or empty) or PortsAuto
 	// Etcd, when set, serves the configuration from etcd under Prefix,
 	// seeded with Dir or the example when the prefix is empty.
 	Etcd      []string
@@ -62,6 +69,12 @@ type Config struct {
 	// shutting_down event. The Tier-1s and pods stop only after the
 	// Tier-2s have drained. Zero means 30 s.
 	DrainTimeout time.Duration
+	// Tracing exports the spans of every Tier-2, Tier-1 and simulated pod
+	// (services meridian-tier2, meridian-tier1, meridian-sim) when its
+	// Endpoint is set.
+	Tracing tracing.Config
+	// AccessLog writes a line per request of every Tier-2 and Tier-1.
+	AccessLog bool
 }
 
 // Platform is a started local platform: simulated pods, a Tier-1 per
@@ -86,8 +99,15 @@ type Platform struct {
 	fleets map[string]*regions.Fleet // Region → its Tier-2's fleet
 }
 
-// Sign returns a development token for tenant.
-func (p *Platform) Sign(tenant string) (string, error) { return devToken(p.snap, p.key, tenant) }
+// Sign returns a development token for tenant, of band Standard.
+func (p *Platform) Sign(tenant string) (string, error) { return devToken(p.snap, p.key, tenant, "") }
+
+// SignBand returns a development token for tenant claiming band
+// (Critical, Standard, Sheddable), refused when the tenant's maxBand
+// does not allow it.
+func (p *Platform) SignBand(tenant, band string) (string, error) {
+	return devToken(p.snap, p.key, tenant, band)
+}
 
 // Fleet is the view of every cluster that region's Tier-2 routes by.
 func (p *Platform) Fleet(region string) *regions.Fleet { return p.fleets[region] }
@@ -289,10 +309,12 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 		run  func(ctx context.Context) error
 	}
 	var runs []component
+	stopTracing := func() {}
 	closePods := func() {
 		for _, lp := range p.Pods {
 			lp.Close()
 		}
+		stopTracing()
 	}
 	// fail undoes a partial start: each component started runs on an
 	// ended context, which closes its listeners, and the pods close.
@@ -314,9 +336,20 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 			regionOf[c.Name] = r.Name
 		}
 	}
+	// The token is checked before anything starts: a band the tenant
+	// may not claim is a usage error.
+	if _, err := devToken(snap, nil, f.Tenant, f.Criticality); err != nil && !errors.Is(err, errNoKey) {
+		return nil, usage(err)
+	}
+	podTracing, err := startTracing(ctx, f.Tracing, "meridian-sim", nil)
+	if err != nil {
+		return nil, usage(err)
+	}
+	tracer := podTracing.Tracer("github.com/meridian-router/meridian/sim")
+	stopTracing = func() { shutdownTracing(podTracing, log) }
 	for _, se := range snap.StaticEndpoints {
 		for _, ep := range se.Spec.Endpoints {
-			lp, err := startPod(context.WithoutCancel(ctx), snap, se.Spec.Cluster, regionOf[se.Spec.Cluster], ep, f.TimeScale)
+			lp, err := startPod(context.WithoutCancel(ctx), snap, se.Spec.Cluster, regionOf[se.Spec.Cluster], ep, f.TimeScale, tracer)
 			if err != nil {
 				return fail(err)
 			}
@@ -340,7 +373,7 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 			}
 			t1, err := StartTier1(ctx, Tier1Config{Source: src.forComponent(c.Name), Cluster: c.Name, Replica: c.Name + "-0", Listen: u.Host,
 				Metrics: "127.0.0.1:0", Health: c.Health, Region: r.Name, ScrapeInterval: 50 * time.Millisecond, MaxMetricsAge: time.Second,
-				PromptSamples: true, IdentityKey: identity, Version: f.Version}, log) // a local platform carries your own prompts: show where they diverge
+				PromptSamples: true, IdentityKey: identity, Version: f.Version, Tracing: f.Tracing, AccessLog: f.AccessLog}, log) // a local platform carries your own prompts: show where they diverge
 			if err != nil {
 				return fail(fmt.Errorf("up: cluster %s: %w", c.Name, err))
 			}
@@ -358,7 +391,7 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 	}
 	keys := tier2.StaticKeySet(jose.JSONWebKey{Key: key.Public(), KeyID: "meridian-up", Algorithm: "ES256", Use: "sig"})
 	p.snap, p.key = snap, key
-	if p.Token, err = devToken(snap, key, f.Tenant); err != nil {
+	if p.Token, err = devToken(snap, key, f.Tenant, f.Criticality); err != nil {
 		return fail(err)
 	}
 
@@ -392,7 +425,8 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 		front.Tier1Key = identity // signs tenant and band for the platform's Tier-1s
 		t2, err := StartTier2(ctx, Tier2Config{Source: src.forComponent(name), Region: r.Name, Name: name, Listen: addr, Metrics: "127.0.0.1:0",
 			GossipBind: "127.0.0.1:0", Join: slices.Clone(joins), GossipProfile: "local", FrontDoor: front, Version: f.Version,
-			Keys: keys, Transport: delayTransport(r.Name, snap, f.CrossRegionDelay), GossipTransport: gt, DrainTimeout: f.DrainTimeout}, log)
+			Keys: keys, Transport: delayTransport(r.Name, snap, f.CrossRegionDelay), GossipTransport: gt, DrainTimeout: f.DrainTimeout,
+			Tracing: f.Tracing, AccessLog: f.AccessLog}, log)
 		if err != nil {
 			return fail(fmt.Errorf("up: Tier-2 of %s: %w", r.Name, err))
 		}
@@ -445,7 +479,7 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 // startPod starts the simulated pod a StaticEndpoints entry names: its GPU
 // profile from the gpu label, its model and adapters from the scheduler
 // whose selector picks it.
-func startPod(ctx context.Context, snap *config.Snapshot, cluster, region string, ep config.StaticEndpoint, timeScale float64) (*sim.LivePod, error) {
+func startPod(ctx context.Context, snap *config.Snapshot, cluster, region string, ep config.StaticEndpoint, timeScale float64, tracer trace.Tracer) (*sim.LivePod, error) {
 	prof, err := sim.LookupProfile(ep.Labels["gpu"])
 	if err != nil {
 		return nil, fmt.Errorf("up: endpoint %s: %w", ep.Name, err)
@@ -473,6 +507,7 @@ func startPod(ctx context.Context, snap *config.Snapshot, cluster, region string
 		BasePort:    portN,
 		TimeScale:   timeScale,
 		ConstLabels: labels,
+		Tracer:      tracer,
 	}, 1)
 	if err != nil {
 		return nil, fmt.Errorf("up: pod %s at %s: %w", ep.Name, ep.Address, err)
@@ -480,10 +515,31 @@ func startPod(ctx context.Context, snap *config.Snapshot, cluster, region string
 	return pods[0], nil
 }
 
+// errNoKey: devToken was asked only to check a token's claims.
+var errNoKey = errors.New("no signing key")
+
 // devToken signs a development token with the gateways' issuer and
-// audience for tenant.
-func devToken(snap *config.Snapshot, key *ecdsa.PrivateKey, tenant string) (string, error) {
-	claims := jwt.MapClaims{"sub": "developer", "tenant": tenant, "criticality": "Standard",
+// audience for tenant, claiming band (empty: Standard). A band above the
+// tenant's maxBand is refused: Tier-2 would lower it. With a nil key it
+// only checks (errNoKey when the claims are fine).
+func devToken(snap *config.Snapshot, key *ecdsa.PrivateKey, tenant, band string) (string, error) {
+	claimed, err := priority.ParseBand(band)
+	if err != nil {
+		return "", fmt.Errorf("--criticality: %w", err)
+	}
+	maxBand := priority.Standard
+	if t := snap.Tenants[tenant]; t != nil {
+		if maxBand, err = priority.ParseBand(t.Spec.MaxBand); err != nil {
+			return "", err
+		}
+	}
+	if claimed > maxBand {
+		return "", fmt.Errorf("--criticality %s: tenant %q may claim at most %s (its Tenant's spec.maxBand): a %s token would be served as %s; pick a tenant whose maxBand is %s", claimed, tenant, maxBand, claimed, maxBand, claimed)
+	}
+	if key == nil {
+		return "", errNoKey
+	}
+	claims := jwt.MapClaims{"sub": "developer", "tenant": tenant, "criticality": claimed.String(),
 		"iat": time.Now().Unix(), "exp": time.Now().Add(24 * time.Hour).Unix()}
 	for _, g := range snap.Gateways {
 		if j := g.Spec.Auth.JWT; j != nil {
@@ -491,9 +547,8 @@ func devToken(snap *config.Snapshot, key *ecdsa.PrivateKey, tenant string) (stri
 			if len(j.Audiences) > 0 {
 				claims["aud"] = j.Audiences[0]
 			}
-			if j.RequiredClaims.Tenant != "" {
-				claims[j.RequiredClaims.Tenant] = tenant
-			}
+			claims[j.RequiredClaims.TenantClaim()] = tenant
+			claims[j.RequiredClaims.CriticalityClaim()] = claimed.String()
 			break
 		}
 	}

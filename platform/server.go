@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/meridian-router/meridian/internal/tracing"
 )
 
 // ErrUsage marks an error in how a process was asked to start (a setting
@@ -146,4 +148,23 @@ func metricsMux(reg *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	return mux
+}
+
+// startTracing starts exporting spans as c says (nothing when it is off),
+// as service unless c names another, with attrs on the resource.
+func startTracing(ctx context.Context, c tracing.Config, service string, attrs map[string]string) (*tracing.Provider, error) {
+	c.Service = cmp.Or(c.Service, service)
+	if c.Attributes == nil {
+		c.Attributes = attrs
+	}
+	return tracing.Start(ctx, c)
+}
+
+// shutdownTracing exports the spans left, within 5 s.
+func shutdownTracing(tp *tracing.Provider, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tp.Shutdown(ctx); err != nil {
+		log.Warn("tracing: spans not exported at shutdown", "error", err)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
+	"github.com/meridian-router/meridian/internal/tracing"
 	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/tier1"
 	"github.com/meridian-router/meridian/tier1/discovery"
@@ -50,6 +51,11 @@ type Tier1Config struct {
 	IdentityKey     []byte
 	IdentityKeyFile string
 	Version         string // meridian_build_info's version
+	// Tracing exports spans of the proxy's requests (off unless its
+	// Endpoint is set); Service defaults to meridian-tier1.
+	Tracing tracing.Config
+	// AccessLog writes a line per proxied request to the log, at info.
+	AccessLog bool
 }
 
 // Tier1 is a started Tier-1 process: its gateway and listeners.
@@ -131,8 +137,17 @@ func StartTier1(ctx context.Context, f Tier1Config, log *slog.Logger) (*Tier1, e
 	default:
 		return fail(usage(fmt.Errorf("--discovery %q: want static or kubernetes", f.Discovery)))
 	}
-	px, err := listen("tier1 proxy", f.Listen, (&proxy.Proxy{Gateway: gw, Logger: log}).Handler())
+	tp, err := startTracing(ctx, f.Tracing, "meridian-tier1", map[string]string{"meridian.cluster": f.Cluster, "meridian.replica": f.Replica})
 	if err != nil {
+		return fail(usage(err))
+	}
+	pxy := &proxy.Proxy{Gateway: gw, Logger: log, Tracer: tp.Tracer("github.com/meridian-router/meridian/tier1/proxy")}
+	if f.AccessLog {
+		pxy.AccessLog = log.With("log", "access", "component", "tier1")
+	}
+	px, err := listen("tier1 proxy", f.Listen, pxy.Handler())
+	if err != nil {
+		tp.Shutdown(ctx)
 		return fail(err)
 	}
 	opened = append(opened, px.ln)
@@ -172,6 +187,7 @@ func StartTier1(ctx context.Context, f Tier1Config, log *slog.Logger) (*Tier1, e
 	}
 	inst.run = func(ctx context.Context) error {
 		defer src.close()
+		defer shutdownTracing(tp, log)
 		updates := src.Subscribe()
 		go src.run(ctx)
 		gw.Start(ctx, updates)

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meridian-router/meridian/aws/cloudwatch"
+	"github.com/meridian-router/meridian/internal/tracing"
 	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/tier2"
@@ -52,6 +53,11 @@ type Tier2Config struct {
 	// DrainTimeout bounds how long a stop waits for open requests before
 	// each stream still open gets a shutting_down event. Zero means 30 s.
 	DrainTimeout time.Duration
+	// Tracing exports spans of the front door's requests (off unless its
+	// Endpoint is set); Service defaults to meridian-tier2.
+	Tracing tracing.Config
+	// AccessLog writes a line per inference request to the log, at info.
+	AccessLog bool
 
 	// Keys verifies callers' tokens (nil: the gateways' JWKS).
 	Keys *tier2.KeySet
@@ -126,6 +132,16 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 		if front.Tier1Key, err = trust.ReadKey(f.IdentityKeyFile); err != nil {
 			return fail(usage(err))
 		}
+	}
+	tp, err := startTracing(ctx, f.Tracing, "meridian-tier2", map[string]string{"meridian.region": f.Region, "meridian.instance": f.Name})
+	if err != nil {
+		return fail(usage(err))
+	}
+	closeSrc2 := src.close
+	src.close = func() { shutdownTracing(tp, log); closeSrc2() }
+	front.Tracer = tp.Tracer("github.com/meridian-router/meridian/tier2")
+	if f.AccessLog {
+		front.AccessLog = log.With("log", "access", "component", "tier2")
 	}
 	inst, err = tier2.NewInstance(ctx, tier2.InstanceConfig{
 		Region: f.Region, Name: f.Name, GossipBind: f.GossipBind, GossipJoin: f.Join, GossipProfile: f.GossipProfile,

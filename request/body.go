@@ -48,6 +48,12 @@ const (
 	Completion Kind = iota + 1
 	// Chat is /v1/chat/completions: "messages".
 	Chat
+	// Embedding is /v1/embeddings: an "input" of a string, strings, token
+	// ids or arrays of token ids. It generates no output tokens.
+	Embedding
+	// Response is /v1/responses: "instructions" and an "input" of a string
+	// or of items (messages), read as a chat's messages.
+	Response
 )
 
 func (k Kind) String() string {
@@ -56,9 +62,36 @@ func (k Kind) String() string {
 		return "completion"
 	case Chat:
 		return "chat"
+	case Embedding:
+		return "embedding"
+	case Response:
+		return "response"
 	}
 	return "unknown"
 }
+
+// KindOf is the Kind of the OpenAI endpoint at path (a query is ignored),
+// or 0 for a path that is none of the four.
+func KindOf(path string) Kind {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	switch path {
+	case "/v1/chat/completions":
+		return Chat
+	case "/v1/completions":
+		return Completion
+	case "/v1/embeddings":
+		return Embedding
+	case "/v1/responses":
+		return Response
+	}
+	return 0
+}
+
+// MaxInputs bounds the strings or token arrays of one embeddings "input"
+// (OpenAI's limit): each is an item of the batch the pod runs.
+const MaxInputs = 2048
 
 // Body is what routing reads from a request body. Strings are copies; a
 // Body does not alias the bytes it was parsed from.
@@ -73,11 +106,18 @@ type Body struct {
 	Prompt string
 	// TokenIDs is a completion's prompt when given as token ids.
 	TokenIDs []int64
-	// Messages are a chat's messages in order.
+	// Messages are a chat's messages in order; for a Response, its
+	// instructions (as a "system" message) and then its input (a string
+	// as one "user" message, items in order).
 	Messages []Message
-	// MaxTokens is "max_tokens" (or "max_completion_tokens"): the most
-	// output tokens the caller allows; 0 when absent or not a positive
-	// integer. Rate limits charge it at admission.
+	// Inputs is an Embedding's input when it is an array of strings (a
+	// single string is Prompt; token ids, one array or several, are
+	// TokenIDs, joined).
+	Inputs []string
+	// MaxTokens is "max_tokens" (or "max_completion_tokens", or a
+	// Response's "max_output_tokens"): the most output tokens the caller
+	// allows; 0 when absent or not a positive integer. Rate limits charge
+	// it at admission.
 	MaxTokens int
 
 	// parsed is the length of the body parsed, and prompts the byte ranges
@@ -104,7 +144,7 @@ func (b *Body) Release() {
 	if b == nil {
 		return
 	}
-	b.Prompt, b.Messages = "", nil
+	b.Prompt, b.Messages, b.Inputs = "", nil, nil
 	if b.arena != nil {
 		putArena(b.arena)
 		b.arena = nil
@@ -131,6 +171,10 @@ type Part struct {
 // Read reads a body of at most maxBytes bytes (DefaultMaxBytes when
 // maxBytes ≤ 0) from r and parses it.
 func Read(r io.Reader, maxBytes int64) (*Body, []byte, error) {
+	return readAs(r, maxBytes, 0)
+}
+
+func readAs(r io.Reader, maxBytes int64, kind Kind) (*Body, []byte, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxBytes
 	}
@@ -141,7 +185,7 @@ func Read(r io.Reader, maxBytes int64) (*Body, []byte, error) {
 	if int64(len(data)) > maxBytes {
 		return nil, nil, fmt.Errorf("request: %w: more than %d bytes", ErrTooLarge, maxBytes)
 	}
-	b, err := Parse(data, maxBytes)
+	b, err := parse(data, maxBytes, nil, kind)
 	return b, data, err
 }
 
@@ -153,6 +197,15 @@ func Read(r io.Reader, maxBytes int64) (*Body, []byte, error) {
 // (and sizedStart): an announced length alone, whose body never comes,
 // holds little.
 func ReadSized(r io.Reader, size, maxBytes int64) (*Body, []byte, error) {
+	return ReadSizedAs(r, size, maxBytes, 0)
+}
+
+// ReadSizedAs is ReadSized for a body of the endpoint of kind (KindOf):
+// an Embedding's or a Response's prompt is its "input" (and a Response's
+// "instructions"), and "prompt" and "messages" are not read. Kind 0,
+// Chat or Completion read a body as ReadSized does: its kind is Chat
+// when it has "messages", else Completion.
+func ReadSizedAs(r io.Reader, size, maxBytes int64, kind Kind) (*Body, []byte, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxBytes
 	}
@@ -160,7 +213,7 @@ func ReadSized(r io.Reader, size, maxBytes int64) (*Body, []byte, error) {
 		return nil, nil, fmt.Errorf("request: %w: %d bytes announced, limit %d", ErrTooLarge, size, maxBytes)
 	}
 	if size <= 0 {
-		return Read(r, maxBytes)
+		return readAs(r, maxBytes, kind)
 	}
 	data := make([]byte, 0, min(size, sizedStart))
 	for int64(len(data)) < size {
@@ -187,7 +240,7 @@ func ReadSized(r io.Reader, size, maxBytes int64) (*Body, []byte, error) {
 			return nil, nil, fmt.Errorf("request: %w: more than %d bytes", ErrTooLarge, maxBytes)
 		}
 	}
-	b, err := Parse(data, maxBytes)
+	b, err := parse(data, maxBytes, nil, kind)
 	return b, data, err
 }
 
@@ -196,10 +249,16 @@ const sizedStart = 64 << 10
 
 // Parse reads a body of at most maxBytes bytes (DefaultMaxBytes when
 // maxBytes ≤ 0).
-func Parse(data []byte, maxBytes int64) (*Body, error) { return parse(data, maxBytes, nil) }
+func Parse(data []byte, maxBytes int64) (*Body, error) { return parse(data, maxBytes, nil, 0) }
 
-// parse is Parse, taking the strings pre decoded ahead (nil: none).
-func parse(data []byte, maxBytes int64, pre *Prescan) (*Body, error) {
+// ParseAs is Parse for a body of the endpoint of kind (ReadSizedAs).
+func ParseAs(data []byte, maxBytes int64, kind Kind) (*Body, error) {
+	return parse(data, maxBytes, nil, kind)
+}
+
+// parse is Parse, taking the strings pre decoded ahead (nil: none), for a
+// body of kind (0: Chat or Completion, by its fields).
+func parse(data []byte, maxBytes int64, pre *Prescan, kind Kind) (*Body, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxBytes
 	}
@@ -212,6 +271,9 @@ func parse(data []byte, maxBytes int64, pre *Prescan) (*Body, error) {
 	pb := new(parsedBody)
 	arena := getArena(len(data))
 	p := parser{s: scanner{b: data, pre: pre}, out: &pb.Body, msgs: pb.msgs[:0], arena: (*arena)[:0]}
+	if kind == Embedding || kind == Response {
+		p.input = kind
+	}
 	if err := p.body(); err != nil {
 		return nil, err
 	}
@@ -332,6 +394,15 @@ type parser struct {
 	hasPrompt, hasMsgs bool
 	promptErr, msgErr  error
 	hasModel           bool
+
+	// input is the kind whose "input" holds the prompt (Embedding or
+	// Response), or 0: then "input" and "instructions" are not read.
+	input           Kind
+	hasInput        bool
+	inputErr        error
+	instructions    string
+	hasInstructions bool
+	inputMsgs       []Message // a Response's input
 }
 
 // scanned records that the value from start to the cursor is well-formed
@@ -393,7 +464,48 @@ func (p *parser) body() error {
 				p.out.MaxTokens = n
 			}
 			return nil
+		case "max_output_tokens":
+			if p.input != Response {
+				return s.skip()
+			}
+			start := s.i
+			if err := s.skip(); err != nil {
+				return err
+			}
+			if n, err := strconv.Atoi(strings.TrimSpace(string(s.b[start:s.i]))); err == nil && n > 0 {
+				p.out.MaxTokens = n
+			}
+			return nil
+		case "input":
+			if p.input == 0 {
+				return s.skip()
+			}
+			p.hasInput = true
+			p.out.Prompt, p.out.TokenIDs, p.out.Inputs, p.inputMsgs = "", nil, nil, nil
+			start := s.i
+			if p.input == Embedding {
+				p.inputErr = p.field(p.embeddingInput)
+			} else {
+				p.inputErr = p.field(p.responseInput)
+			}
+			p.scanned(start)
+			return p.syntaxOnly(p.inputErr)
+		case "instructions":
+			if p.input != Response {
+				return s.skip()
+			}
+			p.hasInstructions = s.peek() == '"'
+			if !p.hasInstructions {
+				p.instructions = ""
+				return s.skip()
+			}
+			v, err := p.string()
+			p.instructions = v
+			return err
 		case "prompt":
+			if p.input != 0 {
+				return s.skip()
+			}
 			p.hasPrompt = true
 			p.out.Prompt, p.out.TokenIDs = "", nil
 			start := s.i
@@ -401,6 +513,9 @@ func (p *parser) body() error {
 			p.scanned(start)
 			return p.syntaxOnly(p.promptErr)
 		case "messages":
+			if p.input != 0 {
+				return s.skip()
+			}
 			p.hasMsgs = true
 			p.out.Messages = nil
 			start := s.i
@@ -423,6 +538,8 @@ func (p *parser) body() error {
 		return fmt.Errorf("request: %w", ErrMissingModel)
 	}
 	switch {
+	case p.input != 0:
+		return p.inputBody()
 	case p.hasMsgs:
 		p.out.Kind = Chat
 		p.out.Prompt, p.out.TokenIDs = "", nil // a chat has no completion prompt
@@ -438,6 +555,158 @@ func (p *parser) body() error {
 		return nil
 	}
 	return fmt.Errorf("request: %w: the body has neither \"prompt\" nor \"messages\"", ErrPromptType)
+}
+
+// inputBody finishes a body whose prompt is its "input" (p.input).
+func (p *parser) inputBody() error {
+	p.out.Kind = p.input
+	if !p.hasInput {
+		return fmt.Errorf("request: %w", &ParamError{Param: "input", Code: "missing_required_parameter", Message: `missing required parameter: "input"`})
+	}
+	if p.inputErr != nil {
+		return fmt.Errorf("request: %w", p.inputErr)
+	}
+	if p.input == Response {
+		msgs := p.msgs[:0]
+		if p.instructions != "" {
+			msgs = append(msgs, Message{Role: "system", Content: p.instructions})
+		}
+		p.out.Messages = append(msgs, p.inputMsgs...)
+	}
+	return nil
+}
+
+// embeddingInput reads an Embedding's "input": a string, or an array of
+// strings, of token ids, or of arrays of token ids (not mixed), at most
+// MaxInputs items, none of them empty arrays.
+func (p *parser) embeddingInput() error {
+	s := &p.s
+	typeErr := &ParamError{Param: "input", Code: "invalid_type",
+		Message: `"input" must be a string, an array of strings, an array of token ids or an array of arrays of token ids`}
+	switch s.peek() {
+	case '"':
+		v, err := p.string()
+		p.out.Prompt = v
+		return err
+	case '[':
+	default:
+		return typeErr
+	}
+	n := 0
+	var first byte // the items' kind: '"' strings, '0' token ids, '[' arrays of token ids
+	err := s.array(func() error {
+		if n++; n > MaxInputs {
+			return &ParamError{Param: "input", Code: "invalid_value", Message: fmt.Sprintf(`"input" has more than %d items`, MaxInputs)}
+		}
+		k := s.peek()
+		if k == '-' || (k >= '0' && k <= '9') {
+			k = '0'
+		}
+		if first == 0 {
+			first = k
+		}
+		if k != first {
+			return typeErr
+		}
+		switch k {
+		case '"':
+			v, err := p.string()
+			p.out.Inputs = append(p.out.Inputs, v)
+			return err
+		case '0':
+			return p.tokenID()
+		case '[':
+			m := 0
+			err := s.array(func() error {
+				if c := s.peek(); c != '-' && (c < '0' || c > '9') {
+					return typeErr
+				}
+				m++
+				return p.tokenID()
+			})
+			if err == nil && m == 0 {
+				return &ParamError{Param: "input", Code: "invalid_value", Message: fmt.Sprintf(`"input"[%d] is an empty array of token ids`, n-1)}
+			}
+			return err
+		}
+		return typeErr
+	})
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return &ParamError{Param: "input", Code: "invalid_value", Message: `"input" must not be an empty array`}
+	}
+	return nil
+}
+
+// tokenID reads one token id into TokenIDs.
+func (p *parser) tokenID() error {
+	num, err := p.s.number()
+	if err != nil {
+		return err
+	}
+	id, err := strconv.ParseInt(string(num), 10, 64)
+	if err != nil {
+		return fmt.Errorf("%w: token id %s is not an integer", ErrPromptType, num)
+	}
+	p.out.TokenIDs = append(p.out.TokenIDs, id)
+	return nil
+}
+
+// responseInput reads a Response's "input": a string (one user message)
+// or an array of items, each read as a message: its role (else its type),
+// and its content (a string or parts) or a tool output's "output".
+func (p *parser) responseInput() error {
+	s := &p.s
+	switch s.peek() {
+	case '"':
+		v, err := p.string()
+		p.inputMsgs = append(p.inputMsgs[:0], Message{Role: "user", Content: v})
+		return err
+	case '[':
+	default:
+		return &ParamError{Param: "input", Code: "invalid_type", Message: `"input" must be a string or an array of input items`}
+	}
+	p.inputMsgs = []Message{}
+	return s.array(func() error {
+		n := len(p.inputMsgs)
+		if s.peek() != '{' {
+			return &ParamError{Param: "input", Code: "invalid_type", Message: fmt.Sprintf(`"input"[%d] must be an object`, n)}
+		}
+		var m Message
+		var typ, output string
+		err := s.object(func(key []byte) error {
+			var dst *string
+			switch string(key) {
+			case "content":
+				return p.content(&m, n)
+			case "role":
+				dst = &m.Role
+			case "type":
+				dst = &typ
+			case "output":
+				dst = &output
+			default:
+				return s.skip()
+			}
+			if s.peek() != '"' {
+				*dst = ""
+				return s.skip()
+			}
+			v, err := p.string()
+			*dst = v
+			return err
+		})
+		if m.Role == "" {
+			m.Role = typ
+		}
+		if m.Parts == nil && m.Content == "" {
+			m.Content = output
+		}
+		p.inputMsgs = append(p.inputMsgs, m)
+		return err
+	})
 }
 
 // field decodes a prompt field with decode. A type error is returned for
@@ -507,16 +776,7 @@ func (p *parser) prompt() error {
 			if c != '-' && (c < '0' || c > '9') {
 				return fmt.Errorf("%w: \"prompt\" must be a string or an array of token ids", ErrPromptType)
 			}
-			num, err := s.number()
-			if err != nil {
-				return err
-			}
-			id, err := strconv.ParseInt(string(num), 10, 64)
-			if err != nil {
-				return fmt.Errorf("%w: token id %s is not an integer", ErrPromptType, num)
-			}
-			p.out.TokenIDs = append(p.out.TokenIDs, id)
-			return nil
+			return p.tokenID()
 		})
 		if err != nil {
 			return err
@@ -628,7 +888,13 @@ func (b *Body) EstimateTokens() int {
 			return len(b.TokenIDs)
 		}
 		return (len(b.Prompt) + 3) / 4
-	case Chat:
+	case Embedding:
+		n := len(b.TokenIDs) + (len(b.Prompt)+3)/4
+		for _, s := range b.Inputs {
+			n += (len(s) + 3) / 4
+		}
+		return n
+	case Chat, Response:
 		n := 0
 		for i := range b.Messages {
 			m := &b.Messages[i]

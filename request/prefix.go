@@ -107,10 +107,10 @@ func TokenBlockHashes(dst []uint64, seed uint64, ids []int64, blockTokens, maxBl
 // block size and cap gets the same hashes as the Tier-1 behind it.
 func PrefixHashes(dst []uint64, b *Body, target string, blockSize, maxBlocks int, scratch []byte) ([]uint64, []byte) {
 	seed := Seed(target, b.CacheSalt)
-	if b.Kind == Completion && b.TokenIDs != nil {
+	if (b.Kind == Completion || b.Kind == Embedding) && b.TokenIDs != nil {
 		return TokenBlockHashes(dst, seed, b.TokenIDs, max(1, blockSize/4), maxBlocks), scratch
 	}
-	if b.Kind == Chat && blockSize > 0 && blockSize%32 == 0 && maxBlocks > 0 {
+	if (b.Kind == Chat || b.Kind == Response) && blockSize > 0 && blockSize%32 == 0 && maxBlocks > 0 {
 		// The common case, without building the text: its blocks are
 		// hashed from the messages' strings where they lie within one,
 		// and only those that span a boundary are assembled.
@@ -244,7 +244,7 @@ func chatBlockHashes(dst []uint64, seed uint64, msgs []Message, blockSize, maxBl
 		}
 		for j := range m.Parts {
 			p := &m.Parts[j]
-			if p.Type == "text" || (p.Type == "" && p.Text != "") {
+			if p.IsText() {
 				if !c.writeString(p.Text) {
 					return c.dst
 				}

@@ -130,8 +130,14 @@ func (p *Prescan) take(quote int) ([]byte, int, bool) {
 // be fed or Reset again while the Body is read (its Model and CacheSalt,
 // which outlive Release, are copies).
 func ParseScanned(data []byte, maxBytes int64, pre *Prescan) (*Body, error) {
+	return ParseScannedAs(data, maxBytes, pre, 0)
+}
+
+// ParseScannedAs is ParseScanned for a body of the endpoint of kind
+// (ReadSizedAs).
+func ParseScannedAs(data []byte, maxBytes int64, pre *Prescan, kind Kind) (*Body, error) {
 	if pre != nil {
 		pre.next = 0
 	}
-	return parse(data, maxBytes, pre)
+	return parse(data, maxBytes, pre, kind)
 }

@@ -26,7 +26,15 @@ func AppendPromptText(dst []byte, b *Body) []byte {
 	switch b.Kind {
 	case Completion:
 		return append(dst, b.Prompt...)
-	case Chat:
+	case Embedding:
+		// A batch's inputs in order, each ended as a message is.
+		dst = append(dst, b.Prompt...)
+		for _, s := range b.Inputs {
+			dst = append(dst, s...)
+			dst = append(dst, messageEnd)
+		}
+		return dst
+	case Chat, Response:
 		for i := range b.Messages {
 			m := &b.Messages[i]
 			dst = append(dst, m.Role...)
@@ -36,7 +44,7 @@ func AppendPromptText(dst []byte, b *Body) []byte {
 			}
 			for j := range m.Parts {
 				p := &m.Parts[j]
-				if p.Type == "text" || (p.Type == "" && p.Text != "") {
+				if p.IsText() {
 					dst = append(dst, p.Text...)
 					continue
 				}
@@ -51,6 +59,12 @@ func AppendPromptText(dst []byte, b *Body) []byte {
 	return dst
 }
 
+// IsText reports whether a content part is text: a chat's "text" part, a
+// Response's "input_text", or a part with text and no type.
+func (p *Part) IsText() bool {
+	return p.Type == "text" || p.Type == "input_text" || (p.Type == "" && p.Text != "")
+}
+
 // AppendPromptHead appends the first limit bytes of the prompt text
 // AppendPromptText appends, without building the rest of a long prompt.
 func AppendPromptHead(dst []byte, b *Body, limit int) []byte {
@@ -58,7 +72,17 @@ func AppendPromptHead(dst []byte, b *Body, limit int) []byte {
 	switch b.Kind {
 	case Completion:
 		return append(dst, b.Prompt[:min(len(b.Prompt), max(limit, 0))]...)
-	case Chat:
+	case Embedding:
+		dst = append(dst, b.Prompt[:min(len(b.Prompt), max(limit, 0))]...)
+		for _, s := range b.Inputs {
+			room := limit - (len(dst) - start)
+			if room <= 0 {
+				break
+			}
+			dst = append(dst, s[:min(len(s), room)]...)
+			dst = append(dst, messageEnd)
+		}
+	case Chat, Response:
 		for i := range b.Messages {
 			room := limit - (len(dst) - start)
 			if room <= 0 {
@@ -89,9 +113,9 @@ func AppendPromptHead(dst []byte, b *Body, limit int) []byte {
 // another case ("Content"), which Parse, like vLLM, ignores.
 func AppendGIEPrompt(dst []byte, b *Body) []byte {
 	switch b.Kind {
-	case Completion:
+	case Completion, Embedding:
 		return append(dst, b.Prompt...)
-	case Chat:
+	case Chat, Response:
 		dst = append(dst, '[')
 		for i := range b.Messages {
 			m := &b.Messages[i]

@@ -36,7 +36,8 @@ const (
 // Params are what Validate reads from a body besides what Parse reads.
 // Absent and null fields are zero, except N, which defaults to 1.
 type Params struct {
-	// MaxTokens is max_completion_tokens, or max_tokens when it is absent.
+	// MaxTokens is max_completion_tokens, or max_tokens when it is
+	// absent, or a Response's max_output_tokens.
 	MaxTokens int64
 	N         int64
 	Stream    bool
@@ -74,7 +75,7 @@ func validate(data []byte, parsed *Body) (Params, error) {
 	if v.s.peek() != '{' {
 		return Params{}, malformed(v.s.errorf("want a JSON object"))
 	}
-	var maxTokens, maxCompletion int64
+	var maxTokens, maxCompletion, maxOutput int64
 	err := v.s.object(func(key []byte) error {
 		if v.s.peek() == 0 {
 			return v.s.errorf("unexpected end of input")
@@ -86,6 +87,8 @@ func validate(data []byte, parsed *Body) (Params, error) {
 			return v.integer("max_tokens", 1, MaxOutputTokens, &maxTokens)
 		case "max_completion_tokens":
 			return v.integer("max_completion_tokens", 1, MaxOutputTokens, &maxCompletion)
+		case "max_output_tokens": // /v1/responses
+			return v.integer("max_output_tokens", 1, MaxOutputTokens, &maxOutput)
 		case "n":
 			return v.choices("n", &v.p.N)
 		case "best_of":
@@ -147,6 +150,9 @@ func validate(data []byte, parsed *Body) (Params, error) {
 	v.p.MaxTokens = maxTokens
 	if maxCompletion > 0 {
 		v.p.MaxTokens = maxCompletion
+	}
+	if maxOutput > 0 {
+		v.p.MaxTokens = maxOutput
 	}
 	if v.p.StreamOptions && !v.p.Stream {
 		return Params{}, &ParamError{Param: "stream_options", Code: "invalid_value",

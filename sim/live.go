@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/model"
+	"go.opentelemetry.io/otel/trace"
 	"sigs.k8s.io/yaml"
 
 	"github.com/meridian-router/meridian/config"
@@ -51,6 +52,10 @@ type PodSpec struct {
 	// max_tokens; 0 means 64. A request that sets it generates exactly
 	// that many tokens (finish_reason "length"), as with ignore_eos.
 	DefaultMaxTokens int
+	// Tracer, when set, makes every OpenAI request a span that continues
+	// the caller's W3C traceparent (as vLLM's --otlp-traces-endpoint
+	// does). Nil: no tracing.
+	Tracer trace.Tracer
 }
 
 // LivePod is one simulated model server: an HTTP server on its own port

@@ -29,8 +29,10 @@ const maxBodyBytes = 32 << 20
 
 func (lp *LivePod) routes(metrics http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", lp.handleChat)
-	mux.HandleFunc("POST /v1/completions", lp.handleCompletions)
+	mux.HandleFunc("POST /v1/chat/completions", lp.traced("/v1/chat/completions", lp.handleChat))
+	mux.HandleFunc("POST /v1/completions", lp.traced("/v1/completions", lp.handleCompletions))
+	mux.HandleFunc("POST /v1/embeddings", lp.traced("/v1/embeddings", lp.handleEmbeddings))
+	mux.HandleFunc("POST /v1/responses", lp.traced("/v1/responses", lp.handleResponses))
 	mux.HandleFunc("GET /v1/models", lp.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", metrics)
@@ -114,15 +116,11 @@ func (lp *LivePod) parse(w http.ResponseWriter, r *http.Request, chat bool) (*re
 	// crash) does not reset it with unread input, which could discard the
 	// tokens already sent.
 	io.Copy(io.Discard, body)
-	req := &request{chat: chat, model: b.Model, stream: b.Stream}
-	switch {
-	case b.Model == "" || b.Model == lp.pod.Model():
-		req.model = lp.pod.Model()
-	case lp.pod.HasAdapter(b.Model):
-		req.adapter = b.Model
-	default:
-		return nil, http.StatusNotFound, fmt.Errorf("The model `%s` does not exist.", b.Model)
+	req, status, err := lp.resolveModel(b.Model)
+	if err != nil {
+		return nil, status, err
 	}
+	req.chat, req.stream = chat, b.Stream
 	if b.N != nil && *b.N != 1 {
 		return nil, http.StatusBadRequest, fmt.Errorf("n = %d is not supported by the simulator; use n = 1", *b.N)
 	}
@@ -148,7 +146,6 @@ func (lp *LivePod) parse(w http.ResponseWriter, r *http.Request, chat bool) (*re
 	default:
 		req.maxTokens, req.limited = *max, true
 	}
-	var err error
 	if chat {
 		err = req.chatText(b.Messages)
 	} else {
@@ -256,21 +253,6 @@ func (lp *LivePod) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, status, typ, err.Error())
 		return
 	}
-	lr := &liveRequest{req: lp.modelRequest(req), notify: make(chan struct{}, 1)}
-	if err := lp.submit(lr, req.stream); err != nil {
-		switch {
-		case errors.Is(err, ErrRateLimited):
-			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusTooManyRequests, "RateLimitError", err.Error())
-		case errors.Is(err, ErrServerError):
-			writeError(w, http.StatusInternalServerError, "InternalServerError", err.Error())
-		case errors.Is(err, ErrUnknownAdapter):
-			writeError(w, http.StatusNotFound, "NotFoundError", err.Error())
-		default:
-			writeError(w, http.StatusBadRequest, "BadRequestError", err.Error())
-		}
-		return
-	}
 	created := time.Now().Unix()
 	// An opaque id, as vLLM's (a random UUID's hex): the pod's name
 	// stays inside the cluster.
@@ -279,21 +261,14 @@ func (lp *LivePod) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		id = "chatcmpl-" + responseID()
 	}
 	if req.stream {
-		lp.stream(w, r, req, lr, id, created)
+		lr := &liveRequest{req: lp.modelRequest(req), notify: make(chan struct{}, 1)}
+		if lp.submitOrRefuse(w, lr, true) {
+			lp.stream(w, r, req, lr, id, created)
+		}
 		return
 	}
-	for {
-		if !lp.await(r, lr) {
-			return
-		}
-		if _, done, out := lp.progress(lr); done {
-			if out.Err != nil {
-				// A crash: the server dies without answering.
-				panic(http.ErrAbortHandler)
-			}
-			writeJSON(w, lp.final(req, id, created, &out))
-			return
-		}
+	if out, ok := lp.run(w, r, lp.modelRequest(req)); ok {
+		writeJSON(w, lp.final(req, id, created, &out))
 	}
 }
 

@@ -286,7 +286,7 @@ func (s *Scheduler) PrepareText(req *Request, body *request.Body, buf []byte) []
 			buf, s.blockSize(), s.policy.MaxPrefixBlocks)
 		return buf[:0]
 	}
-	if body.Kind == request.Completion && body.TokenIDs != nil {
+	if (body.Kind == request.Completion || body.Kind == request.Embedding) && body.TokenIDs != nil {
 		req.Hashes, buf = request.PrefixHashes(req.Hashes[:0], body, req.target(), s.policy.BlockSize,
 			s.policy.MaxPrefixBlocks, buf)
 		return buf[:0] // no text

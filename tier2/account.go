@@ -8,7 +8,13 @@ import "bytes"
 // an upstream that sends neither, one token per chunk with text (vLLM
 // sends one token a chunk). Only events written to the caller count:
 // a stream cut by the caller is charged what reached it.
+//
+// A Response stream (responses) has no per-chunk usage: its
+// response.completed event (or response.incomplete, response.failed)
+// carries the final usage as input_tokens and output_tokens, and each
+// response.output_text.delta event before it counts one token.
 type streamAccount struct {
+	responses  bool
 	prompt     int64 // usage.prompt_tokens last seen; 0: unknown
 	completion int64 // cumulative usage.completion_tokens of the last relayed chunk
 	chunks     int64 // relayed chunks with text and no usage
@@ -33,6 +39,14 @@ type usage struct {
 func (a *streamAccount) read(line []byte, hideFinal, hideContinuous bool) ([]byte, streamEvent) {
 	var ev streamEvent
 	u, start, end, ok := findUsage(line)
+	if a.responses {
+		if ok {
+			ev.usage, ev.final = u, true
+		} else {
+			ev.text = indexKey(line, textDelta) >= 0
+		}
+		return line, ev
+	}
 	if !ok {
 		ev.text = hasText(line)
 		return line, ev
@@ -123,14 +137,18 @@ func findUsage(b []byte) (u usage, start, end int, ok bool) {
 var (
 	usageKey     = []byte(`"usage"`)
 	emptyChoices = []byte(`"choices":[]`)
+	textDelta    = []byte(`"type":"response.output_text.delta"`)
 )
 
 // usageObject reads the usage object starting at b[i] ('{') in one pass
-// over its members: the three counts (non-negative integers, bounded so
+// over its members: the three counts (a Response's input_tokens and
+// output_tokens where prompt_tokens and completion_tokens are absent) (non-negative integers, bounded so
 // that they cannot overflow; anything else counts 0) and the index after
 // the object, or -1 when it does not end.
 func usageObject(b []byte, i int) (u usage, end int) {
 	u.ok = true
+	var input, output int64
+	var hasPrompt, hasCompletion bool
 	i++
 	for {
 		i = skipSpace(b, i)
@@ -139,6 +157,12 @@ func usageObject(b []byte, i int) (u usage, end int) {
 		}
 		switch b[i] {
 		case '}':
+			if !hasPrompt {
+				u.prompt = input
+			}
+			if !hasCompletion {
+				u.completion = output
+			}
 			return u, i + 1
 		case ',':
 			i++
@@ -163,9 +187,13 @@ func usageObject(b []byte, i int) (u usage, end int) {
 		var dst *int64
 		switch string(key) {
 		case "prompt_tokens":
-			dst = &u.prompt
+			dst, hasPrompt = &u.prompt, true
 		case "completion_tokens":
-			dst = &u.completion
+			dst, hasCompletion = &u.completion, true
+		case "input_tokens": // a Response's, read when prompt_tokens is absent
+			dst = &input
+		case "output_tokens":
+			dst = &output
 		case "total_tokens":
 			dst = &u.total
 		}

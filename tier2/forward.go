@@ -17,7 +17,11 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/meridian-router/meridian/internal/tracing"
 	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/regions"
 	"github.com/meridian-router/meridian/request"
@@ -75,7 +79,18 @@ var (
 // byte, stream back with the public model name, account.
 func (r *Router) forward(st *state, c *call, w http.ResponseWriter, req *http.Request) {
 	var buf [8]regions.Target
+	var sp trace.Span
+	if c.span != nil {
+		_, sp = r.cfg.Tracer.Start(req.Context(), "tier2.cluster_choice")
+	}
 	targets, body, e := r.prepare(st, c, buf[:0])
+	if sp != nil {
+		if len(targets) > 0 {
+			sp.SetAttributes(attribute.Int("meridian.candidates", len(targets)), attribute.String("meridian.cluster", targets[0].Cluster),
+				attribute.String("meridian.cluster_region", targets[0].Region))
+		}
+		endSpan(sp, e)
+	}
 	if e != nil {
 		r.reject(st, c, e, w)
 		return
@@ -95,6 +110,9 @@ func (r *Router) attempts(st *state, c *call, w http.ResponseWriter, req *http.R
 		}
 		resp, cancel, aerr := r.send(req.Context(), t, req, &body, c)
 		if aerr != nil {
+			if c.upstream != nil {
+				r.endUpstream(c, aerr.status, aerr.reason)
+			}
 			r.cfg.Fleet.End(t, aerr.result)
 			last = aerr
 			if req.Context().Err() != nil {
@@ -106,19 +124,39 @@ func (r *Router) attempts(st *state, c *call, w http.ResponseWriter, req *http.R
 			if errors.Is(aerr.cause, errShutdown) {
 				r.settle(c, 0)
 				w.Header().Set("Connection", "close")
+				c.status = http.StatusServiceUnavailable
 				request.Unavailable("shutting_down", "the front door is shutting down; retry the request").Write(w)
 				return
 			}
-			r.log.Warn("tier2: cluster failed before responding; failing over", "cluster", t.Cluster, "region", t.Region, "reason", aerr.reason)
+			r.log.Warn("tier2: cluster failed before responding; failing over", "cluster", t.Cluster, "region", t.Region, "reason", aerr.reason, "request_id", c.id)
 			continue
 		}
 		r.served(c, targets[0], t)
 		code := r.relay(w, resp, c, cancel)
 		cancel(nil)
+		if c.upstream != nil {
+			r.endUpstream(c, code, "")
+		}
 		r.finished(st, c, t, code)
 		return
 	}
-	r.exhausted(st, c, last).Write(w)
+	e := r.exhausted(st, c, last)
+	c.status = e.Status
+	e.Write(w)
+}
+
+// endUpstream ends the current attempt's span with its status (0: none
+// came) and, for a failed attempt, why.
+func (r *Router) endUpstream(c *call, status int, reason string) {
+	if status > 0 {
+		c.upstream.SetAttributes(attribute.Int("http.response.status_code", status))
+	}
+	if reason != "" {
+		c.upstream.SetAttributes(attribute.String("error.type", reason))
+		c.upstream.SetStatus(codes.Error, reason)
+	}
+	c.upstream.End()
+	c.upstream = nil
 }
 
 // prepare is what forward does before the first attempt: the clusters to
@@ -144,7 +182,9 @@ func (r *Router) prepare(st *state, c *call, buf []regions.Target) ([]regions.Ta
 	// early; relay removes what the caller did not ask for. The caller's
 	// wishes are read as JSON (request.Validate), the way upstream reads
 	// them.
-	if c.body.Stream {
+	// (A Response stream reports its usage in its response.completed
+	// event, and counts one token per text delta before it.)
+	if c.body.Stream && (c.kind == request.Chat || c.kind == request.Completion) {
 		c.hideUsage = !c.params.IncludeUsage
 		c.hideContinuous = !c.params.ContinuousUsage
 	}
@@ -189,6 +229,7 @@ func (r *Router) served(c *call, first, t regions.Target) {
 
 // finished counts a relayed response.
 func (r *Router) finished(st *state, c *call, t regions.Target, code int) {
+	c.status = code
 	r.cfg.Fleet.End(t, regions.Success)
 	r.m.request(requestLabels{st.modelLabel(c.body.Model), st.modelLabel(c.resolved.Target), t.Region, t.Cluster, statusLabel(code)}).Inc()
 }
@@ -255,6 +296,15 @@ func (r *Router) send(ctx context.Context, t regions.Target, in *http.Request, b
 		out.GetBody = func() (io.ReadCloser, error) { return body.reader(), nil }
 	}
 	r.upstreamHeader(out.Header, in.Header, c)
+	if c.span != nil {
+		var span trace.Span
+		actx, span = r.cfg.Tracer.Start(actx, "tier2.upstream", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("meridian.cluster", t.Cluster), attribute.String("meridian.cluster_region", t.Region),
+				attribute.String("server.address", t.Tier1)))
+		c.upstream = span
+		out = out.WithContext(actx)
+		tracing.Inject(actx, out.Header)
+	}
 	out.ContentLength = body.size()
 	c.watch.arm(r.headerTimeout(c), cancel)
 	resp, err := r.cfg.Transport.RoundTrip(out)
@@ -415,7 +465,7 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	br := rr.br
 	br.Reset(rr)
 	defer func() { br.Reset(nil); rr.src = nil; r.readers.Put(rr) }()
-	var acct streamAccount
+	acct := streamAccount{responses: c.kind == request.Response}
 	filter := newEventFilter(c)
 	// pending: bytes written since the last flush. They are flushed
 	// before any read that would wait on the network (nothing complete is
@@ -636,6 +686,7 @@ func (r *Router) settle(c *call, used int64) {
 	if used <= 0 {
 		used = c.promptTokens
 	}
+	c.charged = used
 	if c.caller != nil {
 		r.m.charge(c.chargeLabel).Add(float64(used))
 	}

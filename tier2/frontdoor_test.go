@@ -14,6 +14,7 @@ import (
 	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/regions"
+	"github.com/meridian-router/meridian/request"
 )
 
 // noTier1 is a Tier-1 URL that is never dialled.
@@ -79,7 +80,10 @@ func TestFrontDoorRejects(t *testing.T) {
 		{"too large", good, "/v1/chat/completions", `{"model":"chat-model","prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "body_too_large"},
 		{"unknown model", good, "/v1/chat/completions", `{"model":"gpt-9","messages":[]}`, 404, "model_not_found"},
 		{"no healthy cluster", good, "/v1/chat/completions", `{"model":"chat-model","messages":[]}`, 503, "no_cluster"},
-		{"embeddings not routed, not charged", good, "/v1/embeddings", `{"model":"chat-model","input":"x"}`, 404, "not_found"},
+		{"embeddings without input", good, "/v1/embeddings", `{"model":"chat-model","prompt":"x"}`, 400, "missing_required_parameter"},
+		{"embeddings, no healthy cluster", good, "/v1/embeddings", `{"model":"chat-model","input":"x"}`, 503, "no_cluster"},
+		{"responses with a bad input", good, "/v1/responses", `{"model":"chat-model","input":5}`, 400, "invalid_type"},
+		{"unrouted endpoint", good, "/v1/audio/speech", `{"model":"chat-model","input":"x"}`, 404, "not_found"},
 		{"unknown route", good, "/v1/nope", `{}`, 404, "not_found"},
 	}
 	for _, tc := range cases {
@@ -96,6 +100,9 @@ func TestFrontDoorRejects(t *testing.T) {
 			b, _ := io.ReadAll(resp.Body)
 			if resp.StatusCode != tc.status {
 				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, b)
+			}
+			if id := resp.Header.Get("X-Request-Id"); !request.ValidID(id) {
+				t.Errorf("x-request-id %q", id)
 			}
 			var e testkit.OpenAIError
 			if err := json.Unmarshal(b, &e); err != nil || e.Error.Code != tc.code || e.Error.Message == "" || e.Error.Type == "" {

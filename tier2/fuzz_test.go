@@ -24,11 +24,22 @@ func FuzzStreamAccount(f *testing.F) {
 		`data: {"usage" : { "completion_tokens" : 99999999999999999999999 } , "choices":[{"text":"a"}]}`,
 		`data: {"usage":{"prompt_tokens_details":{"cached_tokens":2},"prompt_tokens":1}}`,
 		`data: {"usage":{`,
+		`data: {"type":"response.completed","response":{"usage":{"input_tokens":3,"output_tokens":9,"total_tokens":12}}}`,
+		`data: {"type":"response.output_text.delta","delta":"hi"}`,
 	} {
 		f.Add([]byte(s), true, true)
 	}
 	f.Fuzz(func(t *testing.T, line []byte, hideFinal, hideContinuous bool) {
 		in := append([]byte(nil), line...)
+		// A Response stream's account (hideFinal stands for the flag: a
+		// Response stream hides nothing).
+		var ra streamAccount
+		ra.responses = true
+		if _, rev := ra.read(append([]byte(nil), line...), false, false); rev.drop {
+			t.Fatalf("a Response event was dropped: %q", in)
+		} else if ra.commit(rev); ra.tokens(&call{}) < 0 {
+			t.Fatalf("Response tokens %d < 0 for %q", ra.tokens(&call{}), in)
+		}
 		var a streamAccount
 		out, ev := a.read(line, hideFinal, hideContinuous)
 		a.commit(ev)

@@ -67,8 +67,8 @@ type InstanceConfig struct {
 	Now func() time.Time
 	// FrontDoor sets the router's identity and timeout settings:
 	// DefaultTenant, Tier1Key, ExposeUpstream, the timeouts and
-	// MaxHeaders (see Config; zero fields take its defaults). Its other
-	// fields are ignored.
+	// MaxHeaders, Tracer and AccessLog (see Config; zero fields take its
+	// defaults). Its other fields are ignored.
 	FrontDoor Config
 }
 
@@ -208,6 +208,7 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 		DefaultTenant: fd.DefaultTenant, Tier1Key: fd.Tier1Key, ExposeUpstream: fd.ExposeUpstream,
 		BodyReadTimeout: fd.BodyReadTimeout, UpstreamHeaderTimeout: fd.UpstreamHeaderTimeout,
 		UpstreamResponseTimeout: fd.UpstreamResponseTimeout, StreamIdleTimeout: fd.StreamIdleTimeout, MaxHeaders: fd.MaxHeaders,
+		Tracer: fd.Tracer, AccessLog: fd.AccessLog,
 	}, snap)
 	if err != nil {
 		return nil, err

@@ -26,7 +26,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/internal/tracing"
 	"github.com/meridian-router/meridian/priority"
 	"github.com/meridian-router/meridian/ratelimit"
 	"github.com/meridian-router/meridian/regions"
@@ -94,9 +99,20 @@ type Config struct {
 	// The size of the headers is bounded by the http.Server's
 	// MaxHeaderBytes. Zero means 100.
 	MaxHeaders int
-	Logger     *slog.Logger
-	Metrics    *Metrics
-	Now        func() time.Time
+	// Tracer, when set, traces every inference request (internal/tracing):
+	// a server span continuing the caller's traceparent, spans for
+	// admission, the rate limit, the cluster choice and each upstream
+	// attempt, whose context goes to the Tier-1 as traceparent. Nil (the
+	// default): no spans, and a caller's traceparent and tracestate go on
+	// to the Tier-1 unchanged.
+	Tracer trace.Tracer
+	// AccessLog, when set, gets one line per inference request at its end
+	// (request id, tenant, models, status, cluster, tokens charged,
+	// duration). Nil: none.
+	AccessLog *slog.Logger
+	Logger    *slog.Logger
+	Metrics   *Metrics
+	Now       func() time.Time
 }
 
 // Router serves the front door. Apply swaps its configuration.
@@ -233,13 +249,18 @@ func (r *Router) Apply(snap *config.Snapshot) error {
 	return nil
 }
 
+// inferencePaths are the OpenAI endpoints routed by model (request.KindOf).
+var inferencePaths = [...]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"}
+
 // Handler returns the front door's routes. Every route but /healthz and
-// /readyz authenticates, including the answer to an unrouted path (which
-// is a 404 before anything is charged: /v1/embeddings is not routed).
+// /readyz authenticates, including the answer to an unrouted path (a 404
+// before anything is charged). Every answer carries x-request-id
+// (request.ID).
 func (r *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", r.serveInference)
-	mux.HandleFunc("POST /v1/completions", r.serveInference)
+	for _, p := range inferencePaths {
+		mux.HandleFunc("POST "+p, r.serveInference)
+	}
 	mux.HandleFunc("GET /v1/models", r.serveModels)
 	mux.HandleFunc("GET /v1/models/{model}", r.serveModel)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
@@ -257,12 +278,16 @@ func (r *Router) Handler() http.Handler {
 			n += len(vs)
 		}
 		if n > r.cfg.MaxHeaders {
+			request.UseID(req.Header, w.Header())
 			(&request.APIError{Status: http.StatusRequestHeaderFieldsTooLarge, Type: "invalid_request_error", Code: "too_many_headers",
 				Message: fmt.Sprintf("%d header values, at most %d are accepted", n, r.cfg.MaxHeaders)}).Write(w)
 			return
 		}
 		request.CloseAfterChunked(w, req)
 		stripInternal(req.Header)
+		if req.Method != http.MethodPost || request.KindOf(req.URL.Path) == 0 {
+			request.UseID(req.Header, w.Header()) // serveInference keeps its id in its call
+		}
 		mux.ServeHTTP(w, req)
 	})
 }
@@ -391,6 +416,15 @@ func (r *Router) modelIDs(st *state, tenant string) []string {
 // call is one request as it walks the stages.
 type call struct {
 	start time.Time
+	// id is the request's x-request-id, held in reqID.
+	id    string
+	reqID request.ID
+	kind  request.Kind // the endpoint's
+	// status is the answer's (the access log's).
+	status int
+	// span is the request's server span, upstream its current attempt's
+	// (nil: not traced).
+	span, upstream trace.Span
 	// servedHdr holds the values of X-Meridian-Region and -Cluster
 	// (Router.responseHeader).
 	servedHdr [2]string
@@ -416,14 +450,28 @@ type call struct {
 	// removes them.
 	hideUsage, hideContinuous bool
 	chargeLabel               string   // tenant label of meridian_tier2_charged_tokens_total
+	charged                   int64    // tokens settled (the access log's)
 	watch                     watchdog // the current attempt's timeouts
 }
 
 func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
-	c := &call{start: r.cfg.Now()}
+	c := &call{start: r.cfg.Now(), kind: request.KindOf(req.URL.Path)}
+	c.id = c.reqID.Use(req.Header, w.Header())
+	if r.cfg.Tracer != nil {
+		req = r.traceRequest(c, req)
+	}
 	defer func() {
 		if c.forwarded && !c.settled {
 			r.settle(c, 0) // a panic (http.ErrAbortHandler) while relaying
+		}
+		if c.span != nil {
+			if c.upstream != nil { // the relay was aborted
+				r.endUpstream(c, 0, "aborted")
+			}
+			r.endTrace(c)
+		}
+		if r.cfg.AccessLog != nil {
+			r.accessLog(c)
 		}
 	}()
 	// Stages, in order. Each either lets the request through or answers.
@@ -431,8 +479,16 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	stages := [...]func(*state, *call, http.ResponseWriter, *http.Request) *request.APIError{
 		r.authenticate, r.parse, r.resolve, r.admit, r.rateLimit,
 	}
-	for _, stage := range stages {
-		if e := stage(st, c, w, req); e != nil {
+	for i, stage := range stages {
+		var sp trace.Span
+		if c.span != nil && stageSpans[i] != "" {
+			_, sp = r.cfg.Tracer.Start(req.Context(), stageSpans[i])
+		}
+		e := stage(st, c, w, req)
+		if sp != nil {
+			endSpan(sp, e)
+		}
+		if e != nil {
 			r.reject(st, c, e, w)
 			return
 		}
@@ -442,8 +498,62 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	r.forward(st, c, w, req)
 }
 
+// stageSpans names the span of each stage of serveInference that has one.
+var stageSpans = [...]string{3: "tier2.admission", 4: "tier2.rate_limit"}
+
+// traceRequest starts the request's server span, continuing the caller's
+// traceparent, and returns req with it in its context.
+func (r *Router) traceRequest(c *call, req *http.Request) *http.Request {
+	ctx, span := r.cfg.Tracer.Start(tracing.Extract(req.Context(), req.Header), "tier2 "+req.URL.Path,
+		trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("http.request.method", req.Method), attribute.String("url.path", req.URL.Path),
+			attribute.String("meridian.request_id", c.id), attribute.String("meridian.region", r.cfg.Region)))
+	c.span = span
+	return req.WithContext(ctx)
+}
+
+// endTrace ends the request's server span with what was decided.
+func (r *Router) endTrace(c *call) {
+	attrs := []attribute.KeyValue{attribute.Int("http.response.status_code", c.status)}
+	if c.caller != nil {
+		attrs = append(attrs, attribute.String("meridian.tenant", c.caller.Tenant), attribute.String("meridian.band", c.band.String()))
+	}
+	if c.resolved.Target != "" {
+		attrs = append(attrs, attribute.String("gen_ai.request.model", c.resolved.Public), attribute.String("meridian.target_model", c.resolved.Target))
+	}
+	if c.served.Cluster != "" {
+		attrs = append(attrs, attribute.String("meridian.cluster", c.served.Cluster), attribute.String("meridian.served_region", c.served.Region))
+	}
+	c.span.SetAttributes(attrs...)
+	if c.status >= 500 {
+		c.span.SetStatus(codes.Error, http.StatusText(c.status))
+	}
+	c.span.End()
+}
+
+// endSpan ends a stage's span, marked failed when the stage refused.
+func endSpan(sp trace.Span, e *request.APIError) {
+	if e != nil {
+		sp.SetAttributes(attribute.Int("http.response.status_code", e.Status), attribute.String("error.type", e.Code))
+		sp.SetStatus(codes.Error, e.Message)
+	}
+	sp.End()
+}
+
+// accessLog writes the request's access-log line.
+func (r *Router) accessLog(c *call) {
+	tenant := ""
+	if c.caller != nil {
+		tenant = c.caller.Tenant
+	}
+	r.cfg.AccessLog.Info("request", "request_id", c.id, "endpoint", c.kind.String(), "tenant", tenant, "band", c.band.String(),
+		"model", c.resolved.Public, "target", c.resolved.Target, "status", c.status, "region", c.served.Region, "cluster", c.served.Cluster,
+		"tokens", c.charged, "duration", r.cfg.Now().Sub(c.start))
+}
+
 // reject answers a request a stage refused and counts it.
 func (r *Router) reject(st *state, c *call, e *request.APIError, w http.ResponseWriter) {
+	c.status = e.Status
 	tenant, band := "unknown", c.band.String()
 	if c.caller != nil {
 		tenant = st.tenantLabel(c.caller.Tenant)
@@ -532,7 +642,7 @@ func (r *Router) parse(_ *state, c *call, w http.ResponseWriter, req *http.Reque
 	rc := http.NewResponseController(w)
 	deadline := rc.SetReadDeadline(r.cfg.Now().Add(r.cfg.BodyReadTimeout)) == nil
 	var err error
-	c.body, c.raw, err = request.ReadSized(req.Body, req.ContentLength, r.cfg.MaxBodyBytes)
+	c.body, c.raw, err = request.ReadSizedAs(req.Body, req.ContentLength, r.cfg.MaxBodyBytes, c.kind)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		// The deadline stays passed, and the connection closes after the
 		// 408: net/http reads what is left of a short body before it
@@ -633,7 +743,10 @@ func (r *Router) rateLimit(_ *state, c *call, w http.ResponseWriter, _ *http.Req
 		return nil
 	}
 	mt := c.params.MaxTokens
-	if mt <= 0 {
+	switch {
+	case c.kind == request.Embedding:
+		mt = 0 // no output tokens
+	case mt <= 0:
 		mt = int64(r.cfg.DefaultMaxTokens)
 	}
 	est := request.EstimateCharge(c.promptTokens, mt, c.params.N)

@@ -657,7 +657,7 @@ func TestRoutesAuthenticate(t *testing.T) {
 		t.Fatalf("team sees %v, want both models", got)
 	}
 	readErr(t, get("/v1/models/other-model", d.token(t, "claims-team", nil)), 404)
-	readErr(t, d.post(t, t.Context(), d.token(t, "team", nil), "/v1/embeddings", `{"model":"chat-model","input":"x"}`, nil), 404)
+	readErr(t, d.post(t, t.Context(), d.token(t, "team", nil), "/v1/images/generations", `{"model":"chat-model","prompt":"x"}`, nil), 404)
 	if c := d.charged("team"); c != 0 {
 		t.Fatalf("an unrouted endpoint was charged %.0f tokens", c)
 	}

@@ -9,7 +9,9 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/meridian-router/meridian/internal/tracing"
 	"github.com/meridian-router/meridian/platform"
 )
 
@@ -81,4 +83,11 @@ func cgroupMemoryMax(path string) (int64, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// tracingFlags adds the flags that turn tracing on (internal/tracing).
+func tracingFlags(fs *pflag.FlagSet, c *tracing.Config) {
+	fs.StringVar(&c.Endpoint, "otlp-endpoint", "", "export OpenTelemetry spans to this OTLP collector: http://HOST:4317 (gRPC, plaintext) or https://… (TLS); empty: tracing off")
+	fs.StringVar(&c.Protocol, "otlp-protocol", "grpc", "OTLP protocol: grpc or http/protobuf (then the endpoint is the collector's HTTP port, e.g. http://HOST:4318)")
+	fs.Float64Var(&c.SampleRatio, "trace-sample-ratio", 1, "fraction of new traces recorded (0 to 1); a request with a traceparent follows its caller's sampled flag")
 }

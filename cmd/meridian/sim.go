@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/meridian-router/meridian/internal/tracing"
 	"github.com/meridian-router/meridian/sim"
 )
 
@@ -21,12 +24,14 @@ func newSimCmd() *cobra.Command {
 		faults                                                    sim.Faults
 		labels                                                    map[string]string
 		labelMetrics                                              bool
+		tracingCfg                                                tracing.Config
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "Run simulated vLLM model-server pods",
 		Long: `Start K simulated vLLM pods on consecutive ports. Each serves the OpenAI API
-(/v1/chat/completions, /v1/completions, /v1/models), /health, /metrics with vLLM's
+(/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
+/v1/models), /health, /metrics with vLLM's
 metric names, and /sim/faults (GET, PUT a JSON Faults object to inject errors,
 slowness, hangs or mid-stream crashes at run time, e.g.
 curl -X PUT localhost:8000/sim/faults -d '{"hang":true}').
@@ -40,11 +45,21 @@ GPU profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `. See docs/simulator
 			if err != nil {
 				return err
 			}
+			ctx := cmd.Context()
+			tracingCfg.Service = "meridian-sim"
+			tp, err := tracing.Start(ctx, tracingCfg)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				tp.Shutdown(sctx)
+			}()
 			spec := sim.PodSpec{
 				Host: host, BasePort: port, TimeScale: timeScale, Metrics: names, DefaultMaxTokens: maxTokens,
-				LabelMetrics: labelMetrics,
+				LabelMetrics: labelMetrics, Tracer: tp.Tracer("github.com/meridian-router/meridian/sim"),
 			}
-			ctx := cmd.Context()
 			var live []*sim.LivePod
 			if fleet != "" {
 				for _, name := range []string{"profile", "model", "adapters", "pods", "labels",
@@ -105,6 +120,7 @@ GPU profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `. See docs/simulator
 		},
 	}
 	fl := cmd.Flags()
+	tracingFlags(fl, &tracingCfg)
 	fl.StringVar(&profile, "profile", "h100", "GPU profile: "+strings.Join(sim.ProfileNames(), ", "))
 	fl.StringVar(&model, "model", "", "served model name (default: the profile's model)")
 	fl.StringVar(&adapters, "adapters", "", "comma-separated LoRA adapter names the pods serve")

@@ -44,6 +44,8 @@ func newTier1Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&t.IdentityKeyFile, "identity-key-file", "", "file of the key Tier-2s sign x-meridian-tenant/x-meridian-band with (same file as tier2's); unsigned tenant or band headers are then refused (empty: trusted unsigned, keep Tier-1 unreachable except from Tier-2)")
 	cmd.Flags().DurationVar(&t.ScrapeInterval, "scrape-interval", 50*time.Millisecond, "how often each pod's metrics are polled")
 	cmd.Flags().DurationVar(&t.MaxMetricsAge, "max-metrics-age", time.Second, "a pod whose last scrape is older is avoided (all stale: fail open)")
+	tracingFlags(cmd.Flags(), &t.Tracing)
+	cmd.Flags().BoolVar(&t.AccessLog, "access-log", false, "log a line per proxied request (request id, path, status, pod, duration) at info")
 	cmd.Flags().BoolVar(&t.PromptSamples, "prompt-samples", false, "keep a short redacted sample of where each tenant's prompts diverge, for 'meridian diagnose prompts' (prompt text leaves the process)")
 	return cmd
 }

@@ -54,6 +54,8 @@ func newTier2Cmd() *cobra.Command {
 	cmd.Flags().DurationVar(&t.FrontDoor.UpstreamResponseTimeout, "upstream-response-timeout", 10*time.Minute, "the same for a non-streaming request, whose headers come with the whole completion")
 	cmd.Flags().DurationVar(&t.FrontDoor.StreamIdleTimeout, "stream-idle-timeout", 60*time.Second, "end a stream with an error event when its Tier-1 sends nothing for this long")
 	cmd.Flags().IntVar(&t.FrontDoor.MaxHeaders, "max-headers", 100, "most request header values accepted (431 beyond; header bytes are limited to 64 KiB)")
+	tracingFlags(cmd.Flags(), &t.Tracing)
+	cmd.Flags().BoolVar(&t.AccessLog, "access-log", false, "log a line per inference request (request id, tenant, models, status, cluster, tokens, duration) at info")
 	cmd.Flags().DurationVar(&t.CanaryPeriod, "canary-period", 0, "override the Topology's spec.routing.canaryAnalysis.period: longest time between two canary analyses (default 5s)")
 	return cmd
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -34,7 +35,7 @@ func newUpCmd() *cobra.Command {
 			"in the binary): every Region's Tier-2, every cluster's Tier-1 and simulated model-server pods\n" +
 			"of mixed GPU generations. Cross-Region hops get an injected delay so Region proximity is real.\n" +
 			"It prints the endpoint, a development token and a sample request. Ctrl-C stops everything.",
-		Example: "  meridian up\n  meridian up --ports auto --tenant claims-team\n  meridian up --listen 127.0.0.1:9000 --config deploy/examples/platform",
+		Example: "  meridian up\n  meridian up --ports auto --tenant claims-team\n  meridian up --criticality critical\n  meridian up --otlp-endpoint http://127.0.0.1:4317\n  meridian up --listen 127.0.0.1:9000 --config deploy/examples/platform",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			level := slog.LevelWarn
@@ -52,6 +53,9 @@ func newUpCmd() *cobra.Command {
 	cmd.Flags().Float64Var(&p.TimeScale, "time-scale", 10, "simulated model seconds per wall-clock second")
 	cmd.Flags().DurationVar(&p.CrossRegionDelay, "cross-region-delay", 40*time.Millisecond, "one-way delay injected on cross-Region hops")
 	cmd.Flags().StringVar(&p.Tenant, "tenant", "support-team", "tenant of the printed development token")
+	cmd.Flags().StringVar(&p.Criticality, "criticality", "Standard", "band the printed token claims: Critical, Standard or Sheddable (refused above the tenant's maxBand)")
+	tracingFlags(cmd.Flags(), &p.Tracing)
+	cmd.Flags().BoolVar(&p.AccessLog, "access-log", false, "log a line per request of every Tier-2 and Tier-1 (with -v)")
 	cmd.Flags().StringVar(&p.Ports, "ports", platform.PortsConfig, "listen ports: config (the configuration's, moving any that is taken to a free one) or auto (free ports for everything)")
 	cmd.Flags().StringVar(&f.targets, "prometheus-targets", "", "write a Prometheus file_sd JSON of every metrics endpoint to this file")
 	cmd.Flags().BoolVarP(&f.verbose, "verbose", "v", false, "log at info level")
@@ -88,7 +92,7 @@ func runUp(ctx context.Context, f upFlags, out io.Writer, log *slog.Logger) erro
 		}
 		log.Warn("not every pool is ready yet; the endpoint may answer 503 for a while", "waited", readyWait)
 	}
-	printUp(out, f.platform.Tenant, p)
+	printUp(out, f.platform.Tenant, f.platform.Criticality, p)
 	return <-done
 }
 
@@ -97,7 +101,7 @@ func runUp(ctx context.Context, f upFlags, out io.Writer, log *slog.Logger) erro
 const readyWait = 30 * time.Second
 
 // printUp tells the operator where the platform listens and how to call it.
-func printUp(out io.Writer, tenant string, p *platform.Platform) {
+func printUp(out io.Writer, tenant, band string, p *platform.Platform) {
 	first := p.Endpoints[p.Regions[0]]
 	fmt.Fprintf(out, "Meridian is up: %d Regions, %d simulated pods.\n", len(p.Endpoints), len(p.Pods))
 	for _, r := range p.Regions {
@@ -113,6 +117,7 @@ func printUp(out io.Writer, tenant string, p *platform.Platform) {
 	fmt.Fprintf(out, "metrics: %d endpoints on free ports (--prometheus-targets writes them); gossip: in-process loopback network\n", len(p.Metrics))
 	fmt.Fprintf(out, "endpoint: %s\n", first)
 	fmt.Fprintf(out, "tenant: %s (the token's tenant; another with --tenant)\n", tenant)
+	fmt.Fprintf(out, "criticality: %s (the token's band; another with --criticality)\n", cmp.Or(band, "Standard"))
 	fmt.Fprintf(out, "token: %s\n", p.Token)
 	fmt.Fprintf(out, "\nTry:\n  curl -s %s/v1/chat/completions \\\n    -H \"Authorization: Bearer %s\" \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"support-agent\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", first, p.Token)
 	fmt.Fprintf(out, "\nModels:\n  curl -s %s/v1/models -H \"Authorization: Bearer %s\"\n\nCtrl-C stops everything.\n", first, p.Token)

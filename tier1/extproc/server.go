@@ -397,7 +397,9 @@ func (f *flow) route(eos bool) error {
 	if f.body != nil {
 		raw = *f.body
 	}
-	body, err := request.ParseScanned(raw, f.s.MaxBodyBytes, f.pre)
+	// The endpoint (its :path) says where an embeddings or responses
+	// body's prompt is.
+	body, err := request.ParseScannedAs(raw, f.s.MaxBodyBytes, f.pre, request.KindOf(f.header.Get(":path")))
 	if err != nil {
 		f.s.Gateway.Reject("bad_request")
 		return f.immediate(request.BodyError(err))

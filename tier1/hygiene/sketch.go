@@ -285,7 +285,7 @@ func (s *Sketch) Config() Config { return s.cfg }
 // form) to compare it; a caller that has built that text already passes
 // it to ObserveText instead.
 func (s *Sketch) Observe(tenant, model string, body *request.Body, hashes []uint64, now time.Time) {
-	if s == nil || body == nil || (body.Kind == request.Completion && body.TokenIDs != nil) {
+	if s == nil || body == nil || ((body.Kind == request.Completion || body.Kind == request.Embedding) && body.TokenIDs != nil) {
 		return
 	}
 	sc := s.scratch.Get().(*scratch)
@@ -413,10 +413,10 @@ func (s *Sketch) observe(tenant, model string, text []byte, hashes []uint64, now
 // prompt.
 func appendPromptHead(dst []byte, b *request.Body, limit int) []byte {
 	switch b.Kind {
-	case request.Completion:
+	case request.Completion, request.Embedding:
 		head := request.Body{Kind: request.Completion, Prompt: b.Prompt[:min(len(b.Prompt), limit)]}
 		dst = request.AppendPromptText(dst, &head)
-	case request.Chat:
+	case request.Chat, request.Response:
 		start := len(dst)
 		for i := range b.Messages {
 			room := limit - (len(dst) - start)

@@ -19,6 +19,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/meridian-router/meridian/internal/tracing"
 	"github.com/meridian-router/meridian/request"
 	"github.com/meridian-router/meridian/tier1/gateway"
 )
@@ -37,6 +42,15 @@ type Proxy struct {
 	MaxBodyBytes int64
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Tracer, when set, traces every inference request (internal/tracing):
+	// a server span continuing the caller's (Tier-2's) traceparent, a span
+	// for admission and the pod choice, and one for each upstream attempt,
+	// whose context goes to the pod as traceparent. Nil (the default): no
+	// spans, and the caller's traceparent goes on to the pod unchanged.
+	Tracer trace.Tracer
+	// AccessLog, when set, gets one line per inference request at its end
+	// (request id, model, pool, pod, status, duration). Nil: none.
+	AccessLog *slog.Logger
 
 	once sync.Once
 	bufs sync.Pool
@@ -76,8 +90,9 @@ func NewTransport() *http.Transport {
 func (p *Proxy) Handler() http.Handler {
 	p.init()
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", p.serveInference)
-	mux.HandleFunc("POST /v1/completions", p.serveInference)
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"} {
+		mux.HandleFunc("POST "+path, p.serveInference)
+	}
 	mux.HandleFunc("GET /v1/models", p.serveModels)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", p.serveReady)
@@ -86,8 +101,22 @@ func (p *Proxy) Handler() http.Handler {
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		request.CloseAfterChunked(w, r)
+		if r.Method != http.MethodPost || request.KindOf(r.URL.Path) == 0 {
+			request.UseID(r.Header, w.Header()) // serveInference keeps its id in its exchange
+		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// exchange is one inference request's state that outlives the handler's
+// stack: its id and the served header's value, in one allocation.
+type exchange struct {
+	id     request.ID
+	served [1]string
+	start  time.Time
+	status int
+	pod    string
+	span   trace.Span // nil: not traced
 }
 
 func (p *Proxy) serveReady(w http.ResponseWriter, _ *http.Request) {
@@ -117,33 +146,55 @@ func (p *Proxy) serveModels(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request) {
-	body, raw, err := request.ReadSized(r.Body, r.ContentLength, p.MaxBodyBytes)
+	x := &exchange{}
+	x.id.Take(r.Header)
+	w.Header()[request.HeaderID] = x.id.Values()
+	if p.Tracer != nil || p.AccessLog != nil {
+		x.start = time.Now()
+		if p.Tracer != nil {
+			r = p.traceRequest(x, r)
+		}
+		defer p.finish(x, r)
+	}
+	kind := request.KindOf(r.URL.Path)
+	body, raw, err := request.ReadSizedAs(r.Body, r.ContentLength, p.MaxBodyBytes, kind)
 	if err != nil {
 		p.Gateway.Reject("bad_request")
-		request.BodyError(err).Write(w)
+		x.fail(w, request.BodyError(err))
 		return
 	}
 	// Admission by band first; the pod is picked when the request leaves
 	// the queue.
+	var sp trace.Span
+	if x.span != nil {
+		_, sp = p.Tracer.Start(r.Context(), "tier1.pod_choice")
+	}
 	d, err := p.Gateway.Route(r.Context(), body, gateway.Meta{Header: r.Header, Bytes: int64(len(raw))})
 	body.Release() // scheduled: only the model is read from here on
+	if sp != nil {
+		endPodChoice(sp, d, err)
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the caller went away while waiting
 		}
-		writeErr(w, err)
+		var ae *request.APIError
+		if !errors.As(err, &ae) {
+			ae = request.Unavailable("internal", err.Error())
+		}
+		x.fail(w, ae)
 		return
 	}
 	defer d.Release()
 	if d.Rewrite != "" {
 		if raw, err = request.WithModel(raw, body.Model, d.Rewrite); err != nil {
-			request.BadRequest("invalid_body", err.Error()).Write(w)
+			x.fail(w, request.BadRequest("invalid_body", err.Error()))
 			return
 		}
 	}
-	for i, ep := range d.Endpoints {
+	for i := range d.Endpoints {
 		last := i == len(d.Endpoints)-1
-		done, retry := p.try(w, r, raw, d, i, last)
+		done, retry := p.try(w, r, raw, d, i, last, x)
 		if done {
 			return
 		}
@@ -151,24 +202,85 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		p.Gateway.Fallback(d)
-		_ = ep
 	}
-	request.Unavailable("upstream_unavailable", "every endpoint of model "+d.Target+" failed before responding").Write(w)
+	x.fail(w, request.Unavailable("upstream_unavailable", "every endpoint of model "+d.Target+" failed before responding"))
+}
+
+// servedKey is gateway.HeaderServed in canonical form.
+var servedKey = http.CanonicalHeaderKey(gateway.HeaderServed)
+
+// fail answers e and records its status.
+func (x *exchange) fail(w http.ResponseWriter, e *request.APIError) {
+	x.status = e.Status
+	e.Write(w)
+}
+
+// traceRequest starts the request's server span, continuing the caller's
+// traceparent, and returns r with it in its context.
+func (p *Proxy) traceRequest(x *exchange, r *http.Request) *http.Request {
+	ctx, span := p.Tracer.Start(tracing.Extract(r.Context(), r.Header), "tier1 "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path),
+			attribute.String("meridian.request_id", x.id.Values()[0])))
+	x.span = span
+	return r.WithContext(ctx)
+}
+
+// endPodChoice ends the pod choice's span with the decision or the error.
+func endPodChoice(sp trace.Span, d *gateway.Decision, err error) {
+	if err != nil {
+		sp.SetStatus(codes.Error, err.Error())
+	} else {
+		sp.SetAttributes(attribute.String("gen_ai.request.model", d.Model), attribute.String("meridian.pool", d.Pool),
+			attribute.Int("meridian.endpoints", len(d.Endpoints)))
+		if len(d.Endpoints) > 0 {
+			sp.SetAttributes(attribute.String("meridian.pod", d.Endpoints[0].Address))
+		}
+	}
+	sp.End()
+}
+
+// finish ends a traced request's span and writes its access-log line.
+func (p *Proxy) finish(x *exchange, r *http.Request) {
+	if x.span != nil {
+		x.span.SetAttributes(attribute.Int("http.response.status_code", x.status), attribute.String("meridian.pod", x.pod))
+		if x.status >= 500 {
+			x.span.SetStatus(codes.Error, http.StatusText(x.status))
+		}
+		x.span.End()
+	}
+	if p.AccessLog != nil {
+		p.AccessLog.Info("request", "request_id", x.id.Values()[0], "path", r.URL.Path, "status", x.status, "pod", x.pod,
+			"duration", time.Since(x.start))
+	}
 }
 
 // try sends the request to d.Endpoints[i]. It reports done when a response
 // (success or final failure) was written, and retry when the failure
 // happened before the first response byte and another endpoint may be
 // tried.
-func (p *Proxy) try(w http.ResponseWriter, r *http.Request, raw []byte, d *gateway.Decision, i int, last bool) (done, retry bool) {
+func (p *Proxy) try(w http.ResponseWriter, r *http.Request, raw []byte, d *gateway.Decision, i int, last bool, x *exchange) (done, retry bool) {
 	ep := d.Endpoints[i]
 	att := p.Gateway.Dispatch(d, ep)
-	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+ep.Address+r.URL.RequestURI(), bytes.NewReader(raw))
+	ctx := r.Context()
+	var span trace.Span
+	if x.span != nil {
+		ctx, span = p.Tracer.Start(ctx, "tier1.upstream", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("meridian.pod", ep.Address), attribute.String("meridian.pool", d.Pool)))
+		defer span.End()
+	}
+	// The URL is set field by field: a string of it would be one more
+	// allocation per request, parsed again at once.
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, "", bytes.NewReader(raw))
 	if err != nil {
 		att.Done(0, true)
 		return false, !last
 	}
+	out.URL.Scheme, out.URL.Host, out.URL.Path, out.URL.RawPath, out.URL.RawQuery = "http", ep.Address, r.URL.Path, r.URL.RawPath, r.URL.RawQuery
 	copyHeader(out.Header, r.Header)
+	out.Header[request.HeaderID] = x.id.Values()
+	if span != nil {
+		tracing.Inject(ctx, out.Header)
+	}
 	out.ContentLength = int64(len(raw))
 	resp, err := p.Transport.RoundTrip(out)
 	if err != nil {
@@ -177,14 +289,20 @@ func (p *Proxy) try(w http.ResponseWriter, r *http.Request, raw []byte, d *gatew
 			return true, false
 		}
 		att.Done(0, true)
-		p.Logger.Warn("tier1: endpoint failed before responding", "endpoint", ep.Address, "pool", d.Pool, "error", err)
+		if span != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		p.Logger.Warn("tier1: endpoint failed before responding", "endpoint", ep.Address, "pool", d.Pool, "error", err, "request_id", x.id.Values()[0])
 		return false, !last
 	}
 	defer resp.Body.Close()
+	if span != nil {
+		span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+	}
 	if resp.StatusCode >= 500 && !last {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		att.Done(resp.StatusCode, true)
-		p.Logger.Warn("tier1: endpoint answered 5xx; trying the next", "endpoint", ep.Address, "pool", d.Pool, "status", resp.StatusCode)
+		p.Logger.Warn("tier1: endpoint answered 5xx; trying the next", "endpoint", ep.Address, "pool", d.Pool, "status", resp.StatusCode, "request_id", x.id.Values()[0])
 		return false, true
 	}
 	if resp.StatusCode == http.StatusNotFound && !last {
@@ -199,7 +317,8 @@ func (p *Proxy) try(w http.ResponseWriter, r *http.Request, raw []byte, d *gatew
 	}
 	h := w.Header()
 	copyHeader(h, resp.Header)
-	h.Set(gateway.HeaderServed, ep.Address)
+	x.served[0], x.pod, x.status = ep.Address, ep.Address, resp.StatusCode
+	h[servedKey] = x.served[:1:1] // h.Set, without a slice
 	w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	err = p.stream(w, resp.Body, att, sse)
@@ -210,7 +329,7 @@ func (p *Proxy) try(w http.ResponseWriter, r *http.Request, raw []byte, d *gatew
 		att.Done(resp.StatusCode, false)
 	default:
 		att.Done(0, true)
-		p.Logger.Warn("tier1: stream failed after the first byte", "endpoint", ep.Address, "pool", d.Pool, "error", err)
+		p.Logger.Warn("tier1: stream failed after the first byte", "endpoint", ep.Address, "pool", d.Pool, "error", err, "request_id", x.id.Values()[0])
 		if sse {
 			// The status is sent: end the stream with an error event the
 			// OpenAI SDKs surface, then stop.
@@ -261,22 +380,15 @@ var hopHeaders = map[string]bool{
 	"Content-Length": true, "Expect": true,
 }
 
+// copyHeader copies src's headers into dst but the hop-by-hop ones and
+// x-request-id, which the proxy sets itself both ways.
 func copyHeader(dst, src http.Header) {
 	for k, vs := range src {
-		if hopHeaders[k] {
+		if hopHeaders[k] || k == request.HeaderID {
 			continue
 		}
 		dst[k] = append(dst[k][:0:0], vs...)
 	}
-}
-
-func writeErr(w http.ResponseWriter, err error) {
-	var ae *request.APIError
-	if errors.As(err, &ae) {
-		ae.Write(w)
-		return
-	}
-	request.Unavailable("internal", err.Error()).Write(w)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
