@@ -9,9 +9,7 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-
+	"github.com/meridian-router/meridian/internal/testkit"
 	"github.com/meridian-router/meridian/platform"
 	"github.com/meridian-router/meridian/platform/platformtest"
 )
@@ -58,13 +56,18 @@ func TestExpectContinueThroughPlatform(t *testing.T) {
 	}
 	// Charged = served, once: the Tier-2's charged tokens are the usage
 	// of the one answer, and it counted one request and no retry.
-	for name, want := range map[string]float64{
-		`meridian_tier2_charged_tokens_total{tenant="tiny"}`:          served.Usage.TotalTokens,
-		`meridian_tier2_requests_total{model_name="fast",code="200"}`: 1,
-		`meridian_tier2_retries_total`:                                0,
+	g := testkit.Scraped(tier2Metrics(t, p, "us-east-1"))
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"meridian_tier2_charged_tokens_total", map[string]string{"tenant": "tiny"}, served.Usage.TotalTokens},
+		{"meridian_tier2_requests_total", map[string]string{"model_name": "fast", "code": "200"}, 1},
+		{"meridian_tier2_retries_total", nil, 0},
 	} {
-		if got := scrapeSum(t, tier2Metrics(t, p, "us-east-1"), name); got != want {
-			t.Errorf("%s = %g, want %g", name, got, want)
+		if got := testkit.Metric(t, g, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %g, want %g", c.name, c.labels, got, c.want)
 		}
 	}
 }
@@ -79,47 +82,4 @@ func tier2Metrics(t *testing.T, p *platform.Platform, region string) string {
 	}
 	t.Fatalf("no Tier-2 metrics target for %s", region)
 	return ""
-}
-
-// scrapeSum scrapes addr's /metrics and sums the series of sel, a metric
-// name with optional {label="value",...} that the series must carry.
-func scrapeSum(t *testing.T, addr, sel string) float64 {
-	t.Helper()
-	name, labels, _ := strings.Cut(strings.TrimSuffix(sel, "}"), "{")
-	want := map[string]string{}
-	for _, kv := range strings.Split(labels, ",") {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			want[k] = strings.Trim(v, `"`)
-		}
-	}
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	dec := expfmt.NewDecoder(resp.Body, expfmt.NewFormat(expfmt.TypeTextPlain))
-	sum := 0.0
-	for {
-		var mf dto.MetricFamily
-		if err := dec.Decode(&mf); err != nil {
-			break
-		}
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				got[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range want {
-				if got[k] != v {
-					continue series
-				}
-			}
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
 }

@@ -64,6 +64,9 @@ type Config struct {
 	Prefix    string
 	FrontDoor tier2.Config // every Tier-2's front-door settings
 	Version   string       // meridian_build_info's version
+	// ModelsInterval is how often the Tier-1s read each pod's /v1/models
+	// again (what it serves: adapters, context length); zero means 30 s.
+	ModelsInterval time.Duration
 	// DrainTimeout bounds how long the Tier-2s wait for open requests when
 	// the platform stops, before each stream still open gets a
 	// shutting_down event. The Tier-1s and pods stop only after the
@@ -372,7 +375,7 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 				return fail(err)
 			}
 			t1, err := StartTier1(ctx, Tier1Config{Source: src.forComponent(c.Name), Cluster: c.Name, Replica: c.Name + "-0", Listen: u.Host,
-				Metrics: "127.0.0.1:0", Health: c.Health, Region: r.Name, ScrapeInterval: 50 * time.Millisecond, MaxMetricsAge: time.Second,
+				Metrics: "127.0.0.1:0", Health: c.Health, Region: r.Name, ScrapeInterval: 50 * time.Millisecond, MaxMetricsAge: time.Second, ModelsInterval: f.ModelsInterval,
 				PromptSamples: true, IdentityKey: identity, Version: f.Version, Tracing: f.Tracing, AccessLog: f.AccessLog}, log) // a local platform carries your own prompts: show where they diverge
 			if err != nil {
 				return fail(fmt.Errorf("up: cluster %s: %w", c.Name, err))

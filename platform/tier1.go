@@ -38,6 +38,9 @@ type Tier1Config struct {
 	// whose last scrape is older than MaxMetricsAge is avoided.
 	ScrapeInterval time.Duration
 	MaxMetricsAge  time.Duration
+	// ModelsInterval is how often each pod's /v1/models (what it serves) is
+	// read again; zero means 30 s.
+	ModelsInterval time.Duration
 	Health         string   // pool-health feed address (empty: off)
 	Region         string   // Region named in health digests (empty: the gateway's spec.region)
 	Discovery      string   // static (or empty) | kubernetes
@@ -95,7 +98,7 @@ func StartTier1(ctx context.Context, f Tier1Config, log *slog.Logger) (*Tier1, e
 	gcfg := gateway.Config{
 		Cluster:    f.Cluster,
 		Replica:    f.Replica,
-		Scrape:     scrape.Config{Interval: f.ScrapeInterval},
+		Scrape:     scrape.Config{Interval: f.ScrapeInterval, ModelsInterval: f.ModelsInterval},
 		Options:    tier1.Options{MaxMetricsAge: f.MaxMetricsAge},
 		Registerer: reg,
 		Logger:     log,

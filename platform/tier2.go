@@ -163,7 +163,7 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	out.listeners = append(out.listeners, fs)
 	if f.Metrics != "" {
 		admin := metricsMux(reg)
-		admin.Handle("GET /meridian/canary", inst.AdminHandler())
+		admin.Handle("/meridian/", inst.AdminHandler())
 		ms, err := listen("tier2 metrics", f.Metrics, admin)
 		if err != nil {
 			return fail(err)

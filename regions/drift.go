@@ -28,7 +28,7 @@ type DriftItem struct {
 	// Values are every pool's value, by cluster.
 	Values []DriftValue `json:"values"`
 	// Odd are the clusters ("region/cluster") whose value is not the one
-	// most clusters have (on a tie, the smallest value is the reference).
+	// most clusters have; every cluster when no value is the most common.
 	Odd []string `json:"odd"`
 	// Since is when this difference was first seen (DriftTracker).
 	Since time.Time `json:"since"`
@@ -108,15 +108,20 @@ func appendDrift(out []DriftItem, model, kind, field string, ds []*Digest, value
 	if len(count) < 2 {
 		return out
 	}
-	ref := ""
+	// The reference is the value most clusters have; without a single
+	// most common value, every cluster is odd (none can be told right).
+	ref, tie := "", false
 	for _, v := range slices.Sorted(mapKeys(count)) {
-		if count[v] > count[ref] || ref == "" {
-			ref = v
+		switch {
+		case ref == "" || count[v] > count[ref]:
+			ref, tie = v, false
+		case count[v] == count[ref]:
+			tie = true
 		}
 	}
 	item := DriftItem{Model: model, Kind: kind, Field: field, Values: vals}
 	for _, v := range vals {
-		if v.Value != ref {
+		if tie || v.Value != ref {
 			item.Odd = append(item.Odd, v.Region+"/"+v.Cluster)
 		}
 	}

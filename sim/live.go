@@ -296,6 +296,14 @@ func (lp *LivePod) SetFaults(f Faults) error {
 	return err
 }
 
+// SetServed changes the adapters the pod has registered and the longest
+// request it accepts (Pod.SetServed): what /v1/models answers from now on.
+func (lp *LivePod) SetServed(adapters []string, maxModelLen int) error {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	return lp.pod.SetServed(adapters, maxModelLen)
+}
+
 // Close stops the pod: the listener and every connection close at once,
 // in-flight streams are cut, and the driver exits. It is safe to call more
 // than once.

@@ -421,15 +421,17 @@ func tokenText(from, to int) string {
 
 func (lp *LivePod) handleModels(w http.ResponseWriter, r *http.Request) {
 	created := lp.start.Unix()
-	model := lp.pod.Model()
+	lp.mu.Lock()
+	model, maxLen, adapters := lp.pod.Model(), lp.pod.prof.MaxModelLen, slices.Clone(lp.pod.cfg.Adapters)
+	lp.mu.Unlock()
 	data := []any{map[string]any{
 		"id": model, "object": "model", "created": created, "owned_by": "vllm",
-		"root": model, "parent": nil, "max_model_len": lp.pod.prof.MaxModelLen,
+		"root": model, "parent": nil, "max_model_len": maxLen,
 	}}
-	for _, a := range lp.pod.cfg.Adapters {
+	for _, a := range adapters {
 		data = append(data, map[string]any{
 			"id": a, "object": "model", "created": created, "owned_by": "vllm",
-			"root": a, "parent": model, "max_model_len": lp.pod.prof.MaxModelLen,
+			"root": a, "parent": model, "max_model_len": maxLen,
 		})
 	}
 	writeJSON(w, map[string]any{"object": "list", "data": data})
@@ -458,8 +460,10 @@ func (lp *LivePod) handlePutFaults(w http.ResponseWriter, r *http.Request) {
 
 // String describes the pod for logs and the sim command's listing.
 func (lp *LivePod) String() string {
-	return fmt.Sprintf("%s %s model=%s adapters=%s labels=%s", lp.Name(), lp.URL(), lp.Model(),
-		strings.Join(lp.pod.cfg.Adapters, ","), formatLabels(lp.Labels()))
+	lp.mu.Lock()
+	adapters := strings.Join(lp.pod.cfg.Adapters, ",")
+	lp.mu.Unlock()
+	return fmt.Sprintf("%s %s model=%s adapters=%s labels=%s", lp.Name(), lp.URL(), lp.Model(), adapters, formatLabels(lp.Labels()))
 }
 
 func formatLabels(l map[string]string) string {

@@ -185,6 +185,28 @@ func (p *Pod) Model() string { return p.model }
 // HasAdapter reports whether the pod serves the named adapter.
 func (p *Pod) HasAdapter(name string) bool { return p.adapter[name] }
 
+// SetServed changes what the pod serves, as a restart of vLLM with other
+// --lora-modules and --max-model-len would: the adapters it has registered
+// and the longest request it accepts (0 keeps the profile's). Requests in
+// flight are not affected.
+func (p *Pod) SetServed(adapters []string, maxModelLen int) error {
+	if len(adapters) > 0 && p.prof.MaxLoRAs == 0 {
+		return fmt.Errorf("pod %s: adapters given but profile %s has maxLoRAs 0", p.cfg.Name, p.prof.Name)
+	}
+	if maxModelLen < 0 {
+		return fmt.Errorf("pod %s: max model length %d", p.cfg.Name, maxModelLen)
+	}
+	p.cfg.Adapters = slices.Clone(adapters)
+	p.adapter = make(map[string]bool, len(adapters))
+	for _, a := range adapters {
+		p.adapter[a] = true
+	}
+	if maxModelLen > 0 {
+		p.prof.MaxModelLen = maxModelLen // the pod's own copy (p.cfg.Profile)
+	}
+	return nil
+}
+
 // Faults returns the faults in force.
 func (p *Pod) Faults() Faults { return p.faults }
 

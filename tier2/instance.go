@@ -96,6 +96,7 @@ type Instance struct {
 	subs map[string]context.CancelFunc // cluster → health subscription
 
 	ejections map[string]uint64 // last seen ejection count per cluster (housekeeping only)
+	drift     drift             // the latest drift report (housekeeping writes, GET /meridian/drift reads)
 
 	// gossip is the spec.gossip this instance's Node runs (with the
 	// GossipProfile override); apply reports a configuration that differs.
@@ -374,6 +375,7 @@ func (in *Instance) Handler() http.Handler { return in.Router.Handler() }
 func (in *Instance) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /meridian/canary", in.Canary)
+	mux.HandleFunc("GET /meridian/drift", in.serveDrift)
 	return mux
 }
 
@@ -563,6 +565,7 @@ func (in *Instance) housekeep() {
 	for _, d := range in.Fleet.Digests().Digests() {
 		in.metrics.digestAge.WithLabelValues(d.Region, d.Cluster, d.Pool).Set(now.Sub(d.Produced).Seconds())
 	}
+	in.observeDrift(now)
 	for _, st := range in.Fleet.Status() {
 		v := 0.0
 		if st.Ejected {

@@ -18,6 +18,7 @@ type Metrics struct {
 	ejected         *prometheus.GaugeVec
 	members         *prometheus.GaugeVec
 	digestAge       *prometheus.GaugeVec
+	drift           *prometheus.GaugeVec
 	charged         *prometheus.CounterVec
 
 	// Children of the series counted on every request.
@@ -53,12 +54,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Tier-2 instances known, by Region."}, []string{"region"}),
 		digestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_tier2_digest_age_seconds",
 			Help: "Age of the newest pool-health digest."}, []string{"region", "cluster", "pool"}),
+		drift: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_tier2_pool_drift",
+			Help: "Clusters whose pool for a model differs from the one most clusters run, by model and kind (definition, adapters, context_length); absent when the pools agree."}, []string{"model_name", "kind"}),
 		charged: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_tier2_charged_tokens_total",
 			Help: "Tokens settled against tenants: the final usage, or the prompt plus the output relayed when a stream ended early."}, []string{"tenant"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.ttft, m.rejected, m.retries, m.budgetExhausted, m.failovers,
-			m.ejections, m.ejected, m.members, m.digestAge, m.charged)
+			m.ejections, m.ejected, m.members, m.digestAge, m.drift, m.charged)
 	}
 	return m
 }

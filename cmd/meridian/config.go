@@ -52,7 +52,7 @@ func newConfigCmd() *cobra.Command {
 		Use:   "config",
 		Short: "Validate, inspect and change Meridian's configuration",
 	}
-	cmd.AddCommand(newConfigValidateCmd(), newConfigGetCmd(), newConfigDiffCmd(), newConfigApplyCmd())
+	cmd.AddCommand(newConfigValidateCmd(), newConfigGetCmd(), newConfigDiffCmd(), newConfigApplyCmd(), newConfigDriftCmd())
 	return cmd
 }
 

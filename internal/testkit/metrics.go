@@ -1,10 +1,16 @@
 package testkit
 
 import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 )
 
 // Metric returns the value of the first counter or gauge named name in g
@@ -71,4 +77,33 @@ func Series(c prometheus.Collector) int {
 		n++
 	}
 	return n
+}
+
+// Scraped is a Gatherer of what addr (host:port) serves at /metrics, read
+// anew at each Gather (bounded by 10 s): Metric over another process's or
+// listener's series.
+func Scraped(addr string) prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		client := http.Client{Timeout: 10 * time.Second}
+		resp, err := client.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("scrape %s: %s", addr, resp.Status)
+		}
+		dec := expfmt.NewDecoder(resp.Body, expfmt.NewFormat(expfmt.TypeTextPlain))
+		var out []*dto.MetricFamily
+		for {
+			mf := &dto.MetricFamily{}
+			if err := dec.Decode(mf); err != nil {
+				if errors.Is(err, io.EOF) {
+					return out, nil
+				}
+				return out, fmt.Errorf("scrape %s: %w", addr, err)
+			}
+			out = append(out, mf)
+		}
+	})
 }
