@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -100,6 +101,30 @@ type Platform struct {
 	snap   *config.Snapshot
 	key    *ecdsa.PrivateKey
 	fleets map[string]*regions.Fleet // Region → its Tier-2's fleet
+}
+
+// SampleModel is a model tenant may call: the example platform's
+// support-agent when the tenant may call it (or every model), else the
+// first of the models its Tenant object lists.
+func (p *Platform) SampleModel(tenant string) string {
+	const preferred = "support-agent"
+	t := p.snap.Tenants[tenant]
+	if t == nil || len(t.Spec.Models) == 0 || slices.Contains(t.Spec.Models, preferred) {
+		return preferred
+	}
+	return t.Spec.Models[0]
+}
+
+// Admin maps each Region to its Tier-2's admin listener (GET /metrics,
+// /meridian/canary, /meridian/drift) base URL.
+func (p *Platform) Admin() map[string]string {
+	out := map[string]string{}
+	for _, m := range p.Metrics {
+		if m.Labels["job"] == "meridian-tier2" {
+			out[m.Labels["region"]] = "http://" + m.Addr
+		}
+	}
+	return out
 }
 
 // Sign returns a development token for tenant, of band Standard.
@@ -339,8 +364,13 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 			regionOf[c.Name] = r.Name
 		}
 	}
-	// The token is checked before anything starts: a band the tenant
-	// may not claim is a usage error.
+	// The token is checked before anything starts: a tenant the
+	// configuration does not know (Tier-2 would refuse its every request)
+	// or a band it may not claim is a usage error.
+	if _, ok := snap.Tenants[f.Tenant]; !ok && f.FrontDoor.DefaultTenant == "" {
+		return nil, usage(fmt.Errorf("--tenant %q: no Tenant of that name in the configuration (Tier-2 would refuse its token with 403); configured: %s",
+			f.Tenant, strings.Join(slices.Sorted(maps.Keys(snap.Tenants)), ", ")))
+	}
 	if _, err := devToken(snap, nil, f.Tenant, f.Criticality); err != nil && !errors.Is(err, errNoKey) {
 		return nil, usage(err)
 	}

@@ -114,11 +114,15 @@ func printUp(out io.Writer, tenant, band string, p *platform.Platform) {
 	for _, m := range moved {
 		fmt.Fprintf(out, "  moved %-20s %s → %s (port taken or --ports auto)\n", m.What, m.From, m.To)
 	}
+	admin := p.Admin()
+	for _, r := range p.Regions {
+		fmt.Fprintf(out, "  admin %-14s %s (GET /metrics, /meridian/canary, /meridian/drift: canary status --tier2, config drift --tier2)\n", r, admin[r])
+	}
 	fmt.Fprintf(out, "metrics: %d endpoints on free ports (--prometheus-targets writes them); gossip: in-process loopback network\n", len(p.Metrics))
 	fmt.Fprintf(out, "endpoint: %s\n", first)
 	fmt.Fprintf(out, "tenant: %s (the token's tenant; another with --tenant)\n", tenant)
 	fmt.Fprintf(out, "criticality: %s (the token's band; another with --criticality)\n", cmp.Or(band, "Standard"))
 	fmt.Fprintf(out, "token: %s\n", p.Token)
-	fmt.Fprintf(out, "\nTry:\n  curl -s %s/v1/chat/completions \\\n    -H \"Authorization: Bearer %s\" \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"support-agent\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", first, p.Token)
-	fmt.Fprintf(out, "\nModels:\n  curl -s %s/v1/models -H \"Authorization: Bearer %s\"\n\nCtrl-C stops everything.\n", first, p.Token)
+	fmt.Fprintf(out, "\nTry:\n  curl -s %s/v1/chat/completions \\\n    -H \"Authorization: Bearer %s\" \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", first, p.Token, p.SampleModel(tenant))
+	fmt.Fprintf(out, "\nModels:\n  curl -s %s/v1/models -H \"Authorization: Bearer %s\"\n\nCtrl-C (or SIGTERM) drains and stops everything.\n", first, p.Token)
 }

@@ -99,3 +99,54 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// up refuses a tenant the configuration does not know (its token would be
+// refused with 403) before anything starts, and the sample request it
+// prints names a model the printed tenant may call: for claims-team, whose
+// Tenant lists its models, the request printed succeeds.
+func TestUpTenantAndSampleRequest(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err := runUp(ctx, upFlags{platform: platform.Config{TimeScale: 50, Ports: platform.PortsAuto, Tenant: "nosuch-team"}}, &lockedBuffer{}, slog.New(slog.DiscardHandler))
+	if !errors.Is(err, platform.ErrUsage) || !strings.Contains(err.Error(), `"nosuch-team"`) {
+		t.Fatalf("up --tenant nosuch-team: %v, want a usage error naming the tenant", err)
+	}
+
+	var out lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- runUp(ctx, upFlags{platform: platform.Config{TimeScale: 50, Ports: platform.PortsAuto, Tenant: "claims-team"}}, &out, slog.New(slog.DiscardHandler))
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("platform stopped with: %v", err)
+		}
+	}()
+	var ep, tok, model string
+	testkit.Eventually(t, "the sample request", func() bool {
+		s := out.String()
+		e := regexp.MustCompile(`(?m)^endpoint: (\S+)$`).FindStringSubmatch(s)
+		k := regexp.MustCompile(`(?m)^token: (\S+)$`).FindStringSubmatch(s)
+		m := regexp.MustCompile(`"model":"([^"]+)"`).FindStringSubmatch(s)
+		if e == nil || k == nil || m == nil {
+			return false
+		}
+		ep, tok, model = e[1], k[1], m[1]
+		return true
+	})
+	if !strings.Contains(out.String(), "admin ") {
+		t.Errorf("up printed no Tier-2 admin listener:\n%s", out.String())
+	}
+	req, _ := http.NewRequest(http.MethodPost, ep+"/v1/chat/completions", strings.NewReader(`{"model":"`+model+`","max_tokens":4,"messages":[{"role":"user","content":"Hello!"}]}`))
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the printed sample request for claims-team (model %s): status %d", model, resp.StatusCode)
+	}
+}
