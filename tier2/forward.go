@@ -473,6 +473,8 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 	// leave in one write, as nginx relays them, and none waits behind a
 	// read.
 	pending := false
+	// done: "data: [DONE]" was relayed.
+	done := false
 	// buffered: a whole line is in br, so the next ReadSlice does not
 	// wait on the network (and is no progress for the idle timer).
 	buffered := false
@@ -509,11 +511,18 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 				acct.commit(ev)
 				pending = true
 			}
+			if !done && bytes.HasPrefix(line, doneLine) {
+				// The stream's last event: upstream ends next. It leaves
+				// with the response's end, in one write, unless upstream
+				// does not end within doneGrace.
+				done = true
+				idle.streaming(doneGrace)
+			}
 		}
 		// Once upstream has ended, what is left is in br: nothing waits
 		// on the network again, and the last events leave with the
 		// response's end in one write when the handler returns.
-		buffered = err == nil && (rr.eof || lineBuffered(br))
+		buffered = err == nil && (rr.eof || done || lineBuffered(br))
 		if pending && err == nil && !buffered {
 			if rc.Flush() != nil {
 				r.settle(c, acct.tokens(c))
@@ -522,6 +531,13 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 			pending = false
 		}
 		if err == io.EOF {
+			r.settle(c, acct.tokens(c))
+			return resp.StatusCode
+		}
+		if err != nil && done {
+			// After [DONE] the answer is whole: what upstream does next
+			// (not ending in time, failing) is none of the caller's.
+			rc.Flush()
 			r.settle(c, acct.tokens(c))
 			return resp.StatusCode
 		}
@@ -542,6 +558,14 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, c *call, canc
 		}
 	}
 }
+
+// doneLine starts the last event of an OpenAI stream.
+var doneLine = []byte("data: [DONE]")
+
+// doneGrace is how long relay waits, after the stream's last event, for
+// upstream to end before it sends the caller what it holds and ends the
+// attempt.
+const doneGrace = time.Second
 
 // renamePair is what relay replaces in a response: the target model's
 // name by the public one the caller asked for.

@@ -122,3 +122,73 @@ func TestStreamWrites(t *testing.T) {
 		t.Errorf("the stream left for the caller in %d writes, want 1 (its events and its end together)", n)
 	}
 }
+
+// The stream's last event leaves with the response's end in one write
+// when upstream ends right after it, even if it arrived on its own; and
+// when upstream sends [DONE] and then never ends, the caller still gets
+// [DONE] and a clean end after doneGrace, with no error event.
+func TestDoneLeavesWithTheEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		stall      bool
+		wantWrites int32
+	}{
+		{"upstream ends after [DONE]", false, 2},
+		{"upstream stalls after [DONE]", true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release, gotFirst := make(chan struct{}), make(chan struct{})
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.Write([]byte(`data: {"id":"c","model":"chat-model","choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\n"))
+				w.(http.Flusher).Flush()
+				select { // the caller has the first event: what follows arrives apart
+				case <-gotFirst:
+				case <-r.Context().Done():
+					return
+				}
+				w.Write([]byte("data: [DONE]\n\n"))
+				w.(http.Flusher).Flush() // [DONE] on its own, then the end
+				// Not synchronisation: the end arrives apart from [DONE],
+				// as from a pod that takes a moment to finish; a relay
+				// that flushed [DONE] at once makes a third write.
+				time.Sleep(50 * time.Millisecond)
+				if tc.stall {
+					select {
+					case <-release:
+					case <-r.Context().Done():
+					}
+				}
+			}))
+			defer up.Close()
+			defer close(release)
+			var callerWrites atomic.Int32
+			d := newDoorRouter(t, nil, up.URL)
+			srv := httptest.NewUnstartedServer(d.r.Handler())
+			srv.Listener = countingListener{srv.Listener, &callerWrites}
+			srv.Start()
+			defer srv.Close()
+			d.url = srv.URL
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			resp := d.post(t, ctx, d.token(t, "team", nil), "/v1/chat/completions",
+				`{"model":"chat-model","stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
+			br := bufio.NewReader(resp.Body)
+			first, err := br.ReadString('\n')
+			if err != nil || !strings.Contains(first, `"hi"`) {
+				t.Fatalf("first line %q, %v", first, err)
+			}
+			close(gotFirst)
+			rest, err := io.ReadAll(br)
+			resp.Body.Close()
+			body := first + string(rest)
+			if err != nil || !strings.HasSuffix(body, "data: [DONE]\n\n") || strings.Contains(body, `"error"`) {
+				t.Fatalf("stream %q, %v; want it to end with [DONE] and no error", body, err)
+			}
+			if n := callerWrites.Load(); tc.wantWrites > 0 && n != tc.wantWrites {
+				t.Errorf("the stream left in %d writes, want %d (the first event; [DONE] with the end)", n, tc.wantWrites)
+			}
+		})
+	}
+}
