@@ -21,7 +21,7 @@ import (
 // run whole.
 func TestRaceDependentTestsInSecondPass(t *testing.T) {
 	root := filepath.Join("..", "..")
-	pattern := secondPass(t, filepath.Join(root, "README.md"))
+	pattern := secondPass(t, filepath.Join(root, "test.sh"))
 	flag := regexp.MustCompile(`(?i)raceEnabled$`)
 	found := 0
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -59,7 +59,7 @@ func TestRaceDependentTestsInSecondPass(t *testing.T) {
 			found++
 			if !pattern.MatchString(fn.Name.Name) {
 				rel, _ := filepath.Rel(root, path)
-				t.Errorf("%s: %s reads the race detector's flag, and the README test command's second pass (-run %q) does not run it", rel, fn.Name.Name, pattern)
+				t.Errorf("%s: %s reads the race detector's flag, and test.sh's second pass (-run %q) does not run it", rel, fn.Name.Name, pattern)
 			}
 		}
 		return nil
@@ -72,21 +72,21 @@ func TestRaceDependentTestsInSecondPass(t *testing.T) {
 	}
 }
 
-// secondPass is the -run pattern of the README's test command: the line
-// `go test -race ./... && go test -run 'PATTERN' ./...`.
-func secondPass(t *testing.T, readme string) *regexp.Regexp {
+// secondPass is the -run pattern of the test command's second pass: the
+// line second='PATTERN' of test.sh, which runs go test -run "$second".
+func secondPass(t *testing.T, script string) *regexp.Regexp {
 	t.Helper()
-	b, err := os.ReadFile(readme)
+	b, err := os.ReadFile(script)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^go test -race \./\.\.\. && go test -run '([^']+)' \./\.\.\.`).FindSubmatch(b)
-	if m == nil {
-		t.Fatalf("%s: no test command of the form go test -race ./... && go test -run 'PATTERN' ./...", readme)
+	m := regexp.MustCompile(`(?m)^second='([^']+)'$`).FindSubmatch(b)
+	if m == nil || !strings.Contains(string(b), `go test -run "$second"`) {
+		t.Fatalf("%s: no second pass of the form second='PATTERN' ... go test -run \"$second\"", script)
 	}
 	re, err := regexp.Compile(string(m[1]))
 	if err != nil {
-		t.Fatalf("%s: the second pass's -run pattern: %v", readme, err)
+		t.Fatalf("%s: the second pass's -run pattern: %v", script, err)
 	}
 	return re
 }
