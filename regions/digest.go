@@ -70,6 +70,9 @@ type Digest struct {
 	// pods did not say: nothing is known of what they serve.
 	ServedAdapters []string
 	MaxModelLen    int
+	// ServedModels are the base models the ready pods serve: "name", or
+	// "name@root" where a pod says what it loaded (a path or repository).
+	ServedModels []string
 
 	// Version orders digests of one pool from one producer; Produced is
 	// when the producer computed it, on its clock. Digests order by
@@ -108,6 +111,7 @@ const (
 	maxAdmitRate   = 10_000_000 // requests per second
 	maxDefinition  = 16         // fields of a definition
 	maxEntryLen    = 64         // bytes of one "field=hash" entry
+	maxServedLen   = 256        // bytes of one served model
 )
 
 // ErrInvalidDigest is wrapped by every validation and decoding error.
@@ -134,6 +138,14 @@ func (d *Digest) Validate() error {
 	}
 	if len(d.ServedAdapters) > maxAdapters {
 		return bad("%d served adapters, at most %d", len(d.ServedAdapters), maxAdapters)
+	}
+	if len(d.ServedModels) > maxAdapters {
+		return bad("%d served models, at most %d", len(d.ServedModels), maxAdapters)
+	}
+	for _, m := range d.ServedModels {
+		if m == "" || len(m) > maxServedLen {
+			return bad("served model %.20q: want 1 to %d bytes", m, maxServedLen)
+		}
 	}
 	if len(d.Definition) > maxDefinition {
 		return bad("%d definition fields, at most %d", len(d.Definition), maxDefinition)
@@ -229,7 +241,8 @@ func (d *Digest) appendBinary(b []byte) []byte {
 	// And what a pool is and can serve (drift).
 	b = appendStrings(b, d.Definition)
 	b = appendStrings(b, d.ServedAdapters)
-	return binary.AppendUvarint(b, uint64(d.MaxModelLen))
+	b = binary.AppendUvarint(b, uint64(d.MaxModelLen))
+	return appendStrings(b, d.ServedModels)
 }
 
 // UnmarshalBinary decodes one digest and validates it.
@@ -268,6 +281,9 @@ func (d *Digest) UnmarshalBinary(buf []byte) error {
 		d.Definition = r.strings(maxDefinition)
 		d.ServedAdapters = r.strings(maxAdapters)
 		d.MaxModelLen = int(r.uvarint(math.MaxInt32))
+	}
+	if len(r.buf) > 0 {
+		d.ServedModels = r.strings(maxAdapters)
 	}
 	if r.err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidDigest, r.err)

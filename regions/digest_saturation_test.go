@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"slices"
@@ -21,10 +22,10 @@ func TestDigestSaturation(t *testing.T) {
 
 	// The old encoding ends at Produced: drop the six trailing uvarints
 	// (1.37 × 65,535 takes 3 bytes, 8, 2 and the zeros of GateWaiting,
-	// AdmitRate and GateMaxQueued one each) and the three empty fields of
-	// the definition and served capabilities.
+	// AdmitRate and GateMaxQueued one each) and the four empty fields of
+	// the definition and what the pods serve.
 	var old Digest
-	if err := old.UnmarshalBinary(b[:len(b)-8-3]); err != nil {
+	if err := old.UnmarshalBinary(b[:len(b)-8-4]); err != nil {
 		t.Fatalf("digest without saturation: %v", err)
 	}
 	if old.Saturation != 0 || old.FreshPods != 0 || !old.Produced.Equal(in.Produced) {
@@ -50,7 +51,7 @@ func TestDigestGateWaiting(t *testing.T) {
 		t.Errorf("gate waiting %d admit rate %v max queued %d; want 300, 2.5, 1000", out.GateWaiting, out.AdmitRate, out.GateMaxQueued)
 	}
 	var old Digest
-	if err := old.UnmarshalBinary(b[:len(b)-6-3]); err != nil { // 300, 2,500 and 1,000 take two bytes each; then three empty fields
+	if err := old.UnmarshalBinary(b[:len(b)-6-4]); err != nil { // 300, 2,500 and 1,000 take two bytes each; then four empty fields
 		t.Fatalf("digest without gate waiting: %v", err)
 	}
 	if old.GateWaiting != 0 || old.AdmitRate != 0 || old.FreshPods != 4 {
@@ -73,17 +74,29 @@ func TestDigestDefinitionAndServed(t *testing.T) {
 	in.Definition = []string{"adapters=0a1b2c3d", "weights=deadbeef"}
 	in.ServedAdapters = []string{"a1", "a2"}
 	in.MaxModelLen = 131072
+	in.ServedModels = []string{"llama@/models/llama-3.1-8b-v2"}
 	b, out := roundTrip(t, in)
-	if !slices.Equal(out.Definition, in.Definition) || !slices.Equal(out.ServedAdapters, in.ServedAdapters) || out.MaxModelLen != 131072 {
-		t.Errorf("decoded definition %v served %v max len %d", out.Definition, out.ServedAdapters, out.MaxModelLen)
+	if !slices.Equal(out.Definition, in.Definition) || !slices.Equal(out.ServedAdapters, in.ServedAdapters) || out.MaxModelLen != 131072 ||
+		!slices.Equal(out.ServedModels, in.ServedModels) {
+		t.Errorf("decoded definition %v served %v max len %d models %v", out.Definition, out.ServedAdapters, out.MaxModelLen, out.ServedModels)
 	}
-	// Before them: two lists of two names each and 131,072 (three bytes).
-	cut := 1 + len("adapters=0a1b2c3d") + 1 + len("weights=deadbeef") + 1 + 1 + (1 + 2) + (1 + 2) + 1 + 3
+	// The encoding before them is the same digest's without them, less
+	// their four empty fields (one byte each).
+	before := in
+	before.Definition, before.ServedAdapters, before.MaxModelLen, before.ServedModels = nil, nil, 0, nil
+	pre, err := before.AppendBinary(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre = pre[:len(pre)-4]
+	if !bytes.HasPrefix(b, pre) {
+		t.Fatal("the new fields do not trail the old encoding")
+	}
 	var old Digest
-	if err := old.UnmarshalBinary(b[:len(b)-cut]); err != nil {
+	if err := old.UnmarshalBinary(pre); err != nil {
 		t.Fatalf("digest without definition: %v", err)
 	}
-	if old.Definition != nil || old.ServedAdapters != nil || old.MaxModelLen != 0 || old.GateMaxQueued != in.GateMaxQueued {
+	if old.Definition != nil || old.ServedAdapters != nil || old.MaxModelLen != 0 || old.ServedModels != nil || old.GateMaxQueued != in.GateMaxQueued {
 		t.Errorf("old digest decoded as definition %v served %v max len %d", old.Definition, old.ServedAdapters, old.MaxModelLen)
 	}
 	for name, edit := range map[string]func(*Digest){
@@ -93,6 +106,8 @@ func TestDigestDefinitionAndServed(t *testing.T) {
 		"too many served":   func(d *Digest) { d.ServedAdapters = make([]string, maxAdapters+1) },
 		"negative max len":  func(d *Digest) { d.MaxModelLen = -1 },
 		"empty served name": func(d *Digest) { d.ServedAdapters = []string{""} },
+		"long served model": func(d *Digest) { d.ServedModels = []string{strings.Repeat("m", maxServedLen+1)} },
+		"too many models":   func(d *Digest) { d.ServedModels = make([]string, maxAdapters+1) },
 	} {
 		d := sampleDigest()
 		edit(&d)

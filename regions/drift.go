@@ -18,6 +18,9 @@ const (
 	DriftAdapters = "adapters"
 	// DriftContextLength: the longest request the ready pods accept.
 	DriftContextLength = "context_length"
+	// DriftModels: the base models the ready pods serve, with what they
+	// loaded (a release shows as another root).
+	DriftModels = "models"
 )
 
 // DriftItem is one way in which the pools serving Model differ.
@@ -84,6 +87,9 @@ func Drift(digests []Digest) []DriftItem {
 		})
 		out = appendDrift(out, model, DriftContextLength, "", ds, func(d *Digest) (string, bool) {
 			return strconv.Itoa(d.MaxModelLen), d.MaxModelLen > 0
+		})
+		out = appendDrift(out, model, DriftModels, "", ds, func(d *Digest) (string, bool) {
+			return strings.Join(d.ServedModels, ","), len(d.ServedModels) > 0
 		})
 	}
 	slices.SortFunc(out, func(a, b DriftItem) int {

@@ -14,21 +14,23 @@ func TestDrift(t *testing.T) {
 	mk := func(region, cluster string, edit func(*Digest)) Digest {
 		d := pool(region, cluster, "llama")
 		d.Definition = slices.Clone(def)
-		d.ServedAdapters, d.MaxModelLen = []string{"a1", "a2"}, 131072
+		d.ServedAdapters, d.MaxModelLen, d.ServedModels = []string{"a1", "a2"}, 131072, []string{"llama"}
 		if edit != nil {
 			edit(&d)
 		}
 		return d
 	}
 	same := []Digest{mk("us-east-1", "a", nil), mk("eu-west-1", "b", nil), mk("eu-west-1", "old", func(d *Digest) {
-		d.Definition, d.ServedAdapters, d.MaxModelLen = nil, nil, 0 // an older Tier-1: tells nothing
+		d.Definition, d.ServedAdapters, d.MaxModelLen, d.ServedModels = nil, nil, 0, nil // an older Tier-1: tells nothing
 	}), pool("us-east-1", "a", "other")}
 	if got := Drift(same); len(got) != 0 {
 		t.Fatalf("equal pools: drift %+v", got)
 	}
 	drifted := append(same,
 		mk("us-west-2", "w", func(d *Digest) { d.Definition[2] = "weights=44444444" }),
-		mk("ap-south-1", "s", func(d *Digest) { d.ServedAdapters, d.MaxModelLen = []string{"a1"}, 32768 }),
+		mk("ap-south-1", "s", func(d *Digest) {
+			d.ServedAdapters, d.MaxModelLen, d.ServedModels = []string{"a1"}, 32768, []string{"llama@/models/llama-v2"}
+		}),
 	)
 	got := Drift(drifted)
 	type item struct{ kind, field, odd string }
@@ -40,7 +42,8 @@ func TestDrift(t *testing.T) {
 		}
 		short = append(short, item{it.Kind, it.Field, it.Odd[0]})
 	}
-	want := []item{{DriftAdapters, "", "ap-south-1/s"}, {DriftContextLength, "", "ap-south-1/s"}, {DriftDefinition, "weights", "us-west-2/w"}}
+	want := []item{{DriftAdapters, "", "ap-south-1/s"}, {DriftContextLength, "", "ap-south-1/s"}, {DriftDefinition, "weights", "us-west-2/w"},
+		{DriftModels, "", "ap-south-1/s"}}
 	if !slices.Equal(short, want) {
 		t.Errorf("drift %v, want %v", short, want)
 	}

@@ -55,6 +55,10 @@ type Capabilities struct {
 	// MaxModelLen is the most prompt plus output tokens a request may
 	// have (vLLM's --max-model-len); 0 when unknown.
 	MaxModelLen int
+	// Roots are the base models' roots, in the order of Models: what
+	// the server loaded under that name (a path or repository, vLLM's
+	// "root"); "" when the server does not say or says the name itself.
+	Roots []string
 }
 
 // serves reports whether the server accepts requests for target: one of

@@ -37,6 +37,7 @@ type DriftPool struct {
 	Definition     []string `json:"definition,omitempty"`
 	ServedAdapters []string `json:"servedAdapters,omitempty"`
 	MaxModelLen    int      `json:"maxModelLen,omitempty"`
+	ServedModels   []string `json:"servedModels,omitempty"`
 }
 
 // drift keeps the latest report; housekeeping refreshes it.
@@ -54,7 +55,7 @@ func (in *Instance) observeDrift(now time.Time) {
 	pools := make([]DriftPool, 0, len(ds))
 	for _, d := range ds {
 		pools = append(pools, DriftPool{Region: d.Region, Cluster: d.Cluster, Pool: d.Pool, Model: d.Model,
-			Definition: d.Definition, ServedAdapters: d.ServedAdapters, MaxModelLen: d.MaxModelLen})
+			Definition: d.Definition, ServedAdapters: d.ServedAdapters, MaxModelLen: d.MaxModelLen, ServedModels: d.ServedModels})
 	}
 	slices.SortFunc(pools, func(a, b DriftPool) int {
 		if c := compareStrings(a.Model, b.Model, a.Region, b.Region, a.Cluster, b.Cluster); c != 0 {

@@ -548,6 +548,7 @@ func FromProto(cd *tier1v1.ClusterDigest, p *tier1v1.PoolDigest) regions.Digest 
 		Saturation: p.GetSaturation(), FreshPods: int(p.GetFreshPods()), StalePods: int(p.GetStalePods()),
 		GateWaiting: int(p.GetGateWaiting()), AdmitRate: p.GetAdmitRate(), GateMaxQueued: int(p.GetGateMaxQueued()),
 		Definition: p.GetDefinition(), ServedAdapters: p.GetServedAdapters(), MaxModelLen: int(p.GetMaxModelLen()),
+		ServedModels: p.GetServedModels(),
 	}
 }
 

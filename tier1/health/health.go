@@ -20,10 +20,12 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -337,7 +339,7 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 	cfg = cfg.withDefaults()
 	th := cfg.Thresholds
 	pd := &tier1v1.PoolDigest{Pool: v.Name, Model: v.Model, Adapters: v.Adapters, Definition: v.Definition, ProducedUnixNano: now.UnixNano()}
-	served := map[string]bool{}
+	served, models := map[string]bool{}, map[string]bool{}
 	eps := v.Pool.Endpoints()
 	pd.TotalPods = uint32(len(eps))
 	var kvSum, spare float64
@@ -359,6 +361,12 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 			pd.MaxModelLen = max(pd.MaxModelLen, uint32(min(c.MaxModelLen, math.MaxUint32)))
 			for _, a := range c.Adapters {
 				served[a] = true
+			}
+			for i, m := range c.Models {
+				if i < len(c.Roots) && c.Roots[i] != "" {
+					m += "@" + c.Roots[i]
+				}
+				models[truncate(m, maxServedModelLen)] = true
 			}
 		}
 		queue := m.Waiting + int(max(0, inFlight-int64(m.Waiting+m.Running)))
@@ -401,7 +409,23 @@ func PoolDigest(v gateway.PoolView, now time.Time, cfg Config) *tier1v1.PoolDige
 	pd.PrefixHitRatio = clamp01(v.IndexHitRatio())
 	pd.HotAdapters = hottest(hot, cfg.HotAdapters)
 	pd.ServedAdapters = servedAdapters(served, v.Adapters)
+	pd.ServedModels = slices.Sorted(maps.Keys(models))
+	pd.ServedModels = pd.ServedModels[:min(len(pd.ServedModels), maxServedAdapters)]
 	return pd
+}
+
+// maxServedModelLen bounds one served model entry (regions' bound).
+const maxServedModelLen = 256
+
+// truncate cuts s to at most n bytes, at a character's start.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // maxServedAdapters bounds a digest's served adapters (regions' bound on

@@ -14,6 +14,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -204,6 +205,7 @@ func ParseModels(r io.Reader) (*tier1.Capabilities, error) {
 	var list struct {
 		Data []struct {
 			ID          string  `json:"id"`
+			Root        string  `json:"root"`
 			Parent      *string `json:"parent"`
 			MaxModelLen int     `json:"max_model_len"`
 		} `json:"data"`
@@ -221,12 +223,20 @@ func ParseModels(r io.Reader) (*tier1.Capabilities, error) {
 			continue
 		}
 		c.Models = append(c.Models, d.ID)
+		root := d.Root
+		if root == d.ID {
+			root = ""
+		}
+		c.Roots = append(c.Roots, root)
 		if d.MaxModelLen > 0 && (c.MaxModelLen == 0 || d.MaxModelLen < c.MaxModelLen) {
 			c.MaxModelLen = d.MaxModelLen
 		}
 	}
 	if len(c.Models) == 0 {
 		return nil, fmt.Errorf("parse /v1/models: %w", ErrNoModels)
+	}
+	if !slices.ContainsFunc(c.Roots, func(r string) bool { return r != "" }) {
+		c.Roots = nil // no server said more than the names
 	}
 	return c, nil
 }

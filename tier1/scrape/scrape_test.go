@@ -184,6 +184,8 @@ func TestParseModelsVariants(t *testing.T) {
 			&tier1.Capabilities{Models: []string{"qwen"}}, false},
 		{"two names, smallest context wins", `{"data":[{"id":"a","max_model_len":8192,"parent":null},{"id":"b","max_model_len":4096}]}`,
 			&tier1.Capabilities{Models: []string{"a", "b"}, MaxModelLen: 4096}, false},
+		{"a root names what was loaded", `{"data":[{"id":"llama","root":"/models/llama-3.1-8b-v2","max_model_len":8192},{"id":"b","root":"b"}]}`,
+			&tier1.Capabilities{Models: []string{"llama", "b"}, MaxModelLen: 8192, Roots: []string{"/models/llama-3.1-8b-v2", ""}}, false},
 		{"adapter only", `{"data":[{"id":"x","parent":"base"}]}`, nil, true},
 		{"not json", `<html>`, nil, true},
 		{"empty", `{"data":[]}`, nil, true},

@@ -202,8 +202,12 @@ type PoolDigest struct {
 	// max_model_len among them (0: no pod said).
 	ServedAdapters []string `protobuf:"bytes,28,rep,name=served_adapters,json=servedAdapters,proto3" json:"served_adapters,omitempty"`
 	MaxModelLen    uint32   `protobuf:"varint,29,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The base models the ready pods serve, sorted: "name", or "name@root"
+	// when a pod says what it loaded under that name (vLLM's root: a path
+	// or repository, so a release shows).
+	ServedModels  []string `protobuf:"bytes,30,rep,name=served_models,json=servedModels,proto3" json:"served_models,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolDigest) Reset() {
@@ -439,6 +443,13 @@ func (x *PoolDigest) GetMaxModelLen() uint32 {
 	return 0
 }
 
+func (x *PoolDigest) GetServedModels() []string {
+	if x != nil {
+		return x.ServedModels
+	}
+	return nil
+}
+
 type PeerEvents struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Replica that produced the events.
@@ -658,7 +669,7 @@ const file_tier1_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x123\n" +
 	"\x05pools\x18\x03 \x03(\v2\x1d.meridian.tier1.v1.PoolDigestR\x05pools\x12\x18\n" +
-	"\areplica\x18\x04 \x01(\tR\areplica\"\xab\a\n" +
+	"\areplica\x18\x04 \x01(\tR\areplica\"\xd0\a\n" +
 	"\n" +
 	"PoolDigest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x14\n" +
@@ -701,7 +712,8 @@ const file_tier1_proto_rawDesc = "" +
 	"definition\x18\x1b \x03(\tR\n" +
 	"definition\x12'\n" +
 	"\x0fserved_adapters\x18\x1c \x03(\tR\x0eservedAdapters\x12\"\n" +
-	"\rmax_model_len\x18\x1d \x01(\rR\vmaxModelLen\"\x98\x01\n" +
+	"\rmax_model_len\x18\x1d \x01(\rR\vmaxModelLen\x12#\n" +
+	"\rserved_models\x18\x1e \x03(\tR\fservedModels\"\x98\x01\n" +
 	"\n" +
 	"PeerEvents\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x126\n" +
