@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -38,6 +41,11 @@ type Tier2Config struct {
 	SubscribeAll bool
 	// TLSCert and TLSKey, both set, serve the front door over HTTPS.
 	TLSCert, TLSKey string
+	// RedirectHTTP, with TLS, is a plain-HTTP listener that answers every
+	// request with a 308 to the same path over HTTPS on RedirectPort
+	// (0: 443, the port a public load balancer serves), and serves no API.
+	RedirectHTTP string
+	RedirectPort int
 	// CanaryPeriod overrides the Topology's canary analysis period (zero:
 	// the Topology's).
 	CanaryPeriod time.Duration
@@ -71,7 +79,8 @@ type Tier2Config struct {
 type Tier2 struct {
 	inst *tier2.Instance
 	listeners
-	run func(ctx context.Context) error
+	redirect *server // RedirectHTTP's listener, or nil
+	run      func(ctx context.Context) error
 }
 
 // Fleet is the instance's view of every cluster.
@@ -90,6 +99,12 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	case "", "lan", "wan", "local":
 	default:
 		return nil, usage(fmt.Errorf("--gossip-profile %q: want lan, wan or local", f.GossipProfile))
+	}
+	if (f.TLSCert == "") != (f.TLSKey == "") {
+		return nil, usage(errors.New("--tls-cert and --tls-key go together"))
+	}
+	if f.RedirectHTTP != "" && f.TLSCert == "" {
+		return nil, usage(errors.New("--redirect-http needs --tls-cert and --tls-key: it sends callers to HTTPS"))
 	}
 	if f.CanaryPeriod < 0 {
 		return nil, usage(fmt.Errorf("--canary-period %s: must not be negative", f.CanaryPeriod))
@@ -161,6 +176,14 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	frontDoorServer(fs, inst.Router.Abort)
 	fs.drainAfter = f.DrainTimeout
 	out.listeners = append(out.listeners, fs)
+	var redirect *server
+	if f.RedirectHTTP != "" {
+		if redirect, err = listen("tier2 https redirect", f.RedirectHTTP, httpsRedirect(f.RedirectPort)); err != nil {
+			return fail(err)
+		}
+		opened = append(opened, redirect.ln)
+		out.redirect = redirect
+	}
 	if f.Metrics != "" {
 		admin := metricsMux(reg)
 		admin.Handle("/meridian/", inst.AdminHandler())
@@ -193,6 +216,9 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 				return nil
 			})
 		}
+		if redirect != nil {
+			g.Go(func() error { return redirect.serve(gctx, log) })
+		}
 		for i, s := range out.listeners {
 			if i == 0 && f.TLSCert != "" {
 				g.Go(func() error { return s.serveTLS(gctx, log, f.TLSCert, f.TLSKey) })
@@ -213,4 +239,36 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 func frontDoorServer(s *server, abort func()) {
 	s.srv = tier2.NewServer(s.srv.Handler)
 	s.abort = abort
+}
+
+// RedirectAddr is the HTTP-to-HTTPS redirect listener's address ("" when
+// off).
+func (t *Tier2) RedirectAddr() string {
+	if t.redirect == nil {
+		return ""
+	}
+	return t.redirect.Addr()
+}
+
+// httpsRedirect answers every request with a 308 (method and body kept)
+// to the same host and path over HTTPS on port (0: 443). It reads no
+// body and serves nothing else: plain HTTP never reaches the API.
+func httpsRedirect(port int) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if host == "" || strings.ContainsAny(host, "/\\@ ") {
+			http.Error(w, "a Host header is required", http.StatusBadRequest)
+			return
+		}
+		if port != 0 && port != 443 {
+			host = net.JoinHostPort(host, strconv.Itoa(port))
+		} else if strings.Contains(host, ":") {
+			host = "[" + host + "]" // an IPv6 literal
+		}
+		w.Header().Set("Connection", "close")
+		http.Redirect(w, r, "https://"+host+r.URL.RequestURI(), http.StatusPermanentRedirect)
+	})
 }

@@ -99,6 +99,14 @@ func TestSettingErrorsAreUsage(t *testing.T) {
 			_, err := platform.StartTier2(t.Context(), platform.Tier2Config{Region: "r", GossipProfile: "moon", Source: platform.Source{Dir: dir}}, log)
 			return err
 		},
+		"tier2 with a certificate and no key": func() error {
+			_, err := platform.StartTier2(t.Context(), platform.Tier2Config{Region: "r", TLSCert: "c.pem", Source: platform.Source{Dir: dir}}, log)
+			return err
+		},
+		"tier2 redirecting to HTTPS it does not serve": func() error {
+			_, err := platform.StartTier2(t.Context(), platform.Tier2Config{Region: "r", RedirectHTTP: "127.0.0.1:0", Source: platform.Source{Dir: dir}}, log)
+			return err
+		},
 		"tier1 with both a directory and etcd": func() error {
 			_, err := platform.StartTier1(t.Context(), platform.Tier1Config{Source: platform.Source{Dir: dir, Etcd: []string{"127.0.0.1:1"}}}, log)
 			return err

@@ -46,6 +46,8 @@ func newTier2Cmd() *cobra.Command {
 	cmd.Flags().BoolVar(&f.eventLoop, "event-loop", false, "no effect: the front door is always net/http's server")
 	cmd.Flags().MarkDeprecated("event-loop", "the front door is always net/http's server; remove the flag")
 	cmd.Flags().StringVar(&t.TLSKey, "tls-key", "", "TLS key file")
+	cmd.Flags().StringVar(&t.RedirectHTTP, "redirect-http", "", "with --tls-cert: a plain-HTTP `address` (e.g. :8000) that answers every request with a 308 to HTTPS and serves no API")
+	cmd.Flags().IntVar(&t.RedirectPort, "redirect-port", 443, "the public HTTPS `port` --redirect-http sends callers to")
 	cmd.Flags().StringVar(&t.IdentityKeyFile, "identity-key-file", "", "file of the key that signs the tenant and band sent to Tier-1s (same file as tier1's --identity-key-file; empty: sent unsigned)")
 	cmd.Flags().StringVar(&t.FrontDoor.DefaultTenant, "default-tenant", "", "Tenant whose policy applies to callers whose tenant has no Tenant object (empty: they are refused with 403)")
 	cmd.Flags().BoolVar(&t.FrontDoor.ExposeUpstream, "expose-upstream", false, "show callers the pod address Tier-1 served from (x-gateway-destination-endpoint-served; debugging only)")
