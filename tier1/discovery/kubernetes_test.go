@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,16 +15,17 @@ import (
 
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientfeatures "k8s.io/client-go/features"
 	clientfeaturestesting "k8s.io/client-go/features/testing"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/meridian-router/meridian/internal/testkit"
 )
 
 // deadline bounds every wait on the watcher. It is generous: reaching it
-// means a lost update, not a slow machine.
-const deadline = 30 * time.Second
+// means a lost update, not a slow machine (client-go backs a failing
+// watch off for up to 30 s).
+const deadline = testkit.EventuallyTimeout
 
 // noLeaks checks, once the test and its cleanups are done, that no
 // goroutine started during the test is left. Call it first, so that its
@@ -36,14 +36,6 @@ func noLeaks(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t, before) })
 }
 
-func clientFor(t *testing.T, a *apiServer) kubernetes.Interface {
-	t.Helper()
-	c, err := kubernetes.NewForConfig(&rest.Config{Host: a.URL()})
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	return c
-}
 
 // watcher runs Kubernetes.Run and hands each callback's set to the test.
 type watcher struct {
@@ -83,14 +75,39 @@ func (w *watcher) next(t *testing.T) []string {
 	}
 }
 
-// expect reads the next update and compares it.
-func (w *watcher) expect(t *testing.T, step string, want ...string) {
+// expectNext reads the next update and compares it.
+func (w *watcher) expectNext(t *testing.T, step string, want ...string) {
 	t.Helper()
 	if want == nil {
 		want = []string{}
 	}
 	if got := w.next(t); !slices.Equal(got, want) {
 		t.Fatalf("%s:\n got %q\nwant %q", step, got, want)
+	}
+}
+
+// expect reads updates until one is want. The API server applies a pod's
+// metadata and its status in two writes, so a set between them may come
+// first.
+func (w *watcher) expect(t *testing.T, step string, want ...string) {
+	t.Helper()
+	if want == nil {
+		want = []string{}
+	}
+	var seen [][]string
+	timeout := time.After(deadline)
+	for {
+		select {
+		case p := <-w.updates:
+			w.calls++
+			got := show(p)
+			if slices.Equal(got, want) {
+				return
+			}
+			seen = append(seen, got)
+		case <-timeout:
+			t.Fatalf("%s: no update to\n%q\nwithin %v; saw %q", step, want, deadline, seen)
+		}
 	}
 }
 
@@ -148,21 +165,22 @@ func inBothFetchModes(t *testing.T, test func(t *testing.T, watchList bool)) {
 	}
 }
 
-// TestKubernetesPodLifecycle drives pods through their lives on the API
-// server and checks every set Run reports, in both ways client-go fetches
-// the initial state: watch-list (the default since client-go v0.35, a
-// streamed list over the watch ending in an initial-events-end bookmark)
-// and the classic list then watch, selected by client-go's WatchListClient
-// feature gate. The test server speaks both.
+// TestKubernetesPodLifecycle drives pods through their lives on a real
+// API server and checks the sets Run reports, in both ways client-go
+// fetches the initial state: watch-list (the default since client-go
+// v0.35, a streamed list over the watch ending in an initial-events-end
+// bookmark) and the classic list then watch, selected by client-go's
+// WatchListClient feature gate.
 func TestKubernetesPodLifecycle(t *testing.T) {
 	inBothFetchModes(t, func(t *testing.T, watchList bool) {
-		a := startAPIServer(t,
+		c := startCluster(t,
 			k8sPod("ns", "a", "10.0.0.1", true, chat()),
 			k8sPod("ns", "b", "10.0.0.2", false, chat()),
 			k8sPod("other", "c", "10.0.0.3", true, chat()),                               // another namespace
 			k8sPod("ns", "sidecar", "10.0.0.4", true, map[string]string{"app": "redis"}), // outside LabelSelector
 		)
-		k := &Kubernetes{Client: clientFor(t, a), Namespace: "ns", LabelSelector: "pool", Logger: quietLog()}
+		reqs := &requests{}
+		k := &Kubernetes{Client: clientOf(t, c.Config(tier1User), reqs), Namespace: "ns", LabelSelector: "pool", Logger: quietLog()}
 		w := startWatcher(t, k)
 
 		w.expect(t, "initial set",
@@ -170,14 +188,14 @@ func TestKubernetesPodLifecycle(t *testing.T) {
 			"ns/b 10.0.0.2 - pool=chat")
 
 		// The set feeds Endpoints: only the ready pod is a target.
-		if got := ids(Endpoints(testSnapshot(t), "a", podsFrom(t, a, "ns"))["chat"]); !slices.Equal(got,
+		if got := ids(Endpoints(testSnapshot(t), "a", c.pods("ns"))["chat"]); !slices.Equal(got,
 			[]string{"ns/a:8000=10.0.0.1:8000", "static-chat=10.9.0.1:8000"}) {
 			t.Errorf("Endpoints over the discovered pods: %q", got)
 		}
 
 		pending := k8sPod("ns", "d", "", false, chat())
 		pending.Status.Phase = corev1.PodPending
-		a.apply(pending)
+		c.apply(pending)
 		w.expect(t, "pod added, pending, no IP",
 			"ns/a 10.0.0.1 ready pool=chat",
 			"ns/b 10.0.0.2 - pool=chat",
@@ -196,45 +214,49 @@ func TestKubernetesPodLifecycle(t *testing.T) {
 			{"pod becomes not Ready", k8sPod("ns", "a", "10.0.0.1", false, chat()),
 				[]string{"ns/a 10.0.0.1 - pool=chat", "ns/b 10.0.0.2 ready pool=chat", "ns/d 10.0.0.5 ready pool=chat"}},
 		} {
-			a.apply(step.pod)
+			c.apply(step.pod)
 			w.expect(t, step.what, step.want...)
 		}
 
-		// A change discovery does not look at (a container restart)
-		// must not produce a call: the next call is the deletion.
+		// Changes discovery does not look at (a container restart, an
+		// annotation, a pod of another namespace) must not produce a
+		// call: the next call is the change after them.
 		restarted := k8sPod("ns", "b", "10.0.0.2", true, chat())
-		restarted.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "vllm", RestartCount: 3}}
+		restarted.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "vllm", Image: "vllm/vllm-openai:latest", RestartCount: 3}}
 		restarted.Annotations = map[string]string{"note": "restarted"}
-		a.apply(restarted)
-		a.apply(k8sPod("other", "c", "10.0.0.30", true, chat())) // not our namespace
-		a.remove("ns", "b")
-		w.expect(t, "pod deleted (after changes that must not show)",
-			"ns/a 10.0.0.1 - pool=chat",
+		c.apply(restarted)
+		c.apply(k8sPod("other", "c", "10.0.0.3", false, chat()))
+		c.apply(k8sPod("ns", "a", "10.0.0.1", true, chat()))
+		w.expectNext(t, "Ready again (after changes that must not show)",
+			"ns/a 10.0.0.1 ready pool=chat",
+			"ns/b 10.0.0.2 ready pool=chat",
 			"ns/d 10.0.0.5 ready pool=chat")
 
-		a.apply(k8sPod("ns", "d", "10.0.0.5", true, map[string]string{"pool": "code"}))
-		w.expect(t, "labels change",
-			"ns/a 10.0.0.1 - pool=chat",
+		// A running pod is deleted gracefully: it terminates (not
+		// Ready), then goes.
+		c.remove("ns", "b")
+		w.expect(t, "pod deleted",
+			"ns/a 10.0.0.1 ready pool=chat",
+			"ns/d 10.0.0.5 ready pool=chat")
+
+		c.apply(k8sPod("ns", "d", "10.0.0.5", true, map[string]string{"pool": "code"}))
+		w.expectNext(t, "labels change",
+			"ns/a 10.0.0.1 ready pool=chat",
 			"ns/d 10.0.0.5 ready pool=code")
 
-		a.apply(k8sPod("ns", "d", "10.0.0.5", true, map[string]string{"stage": "drained"}))
-		w.expect(t, "pod leaves the LabelSelector",
+		c.apply(k8sPod("ns", "d", "10.0.0.5", true, map[string]string{"stage": "drained"}))
+		w.expectNext(t, "pod leaves the LabelSelector (the API server sends its deletion)",
+			"ns/a 10.0.0.1 ready pool=chat")
+
+		c.terminate("ns", "a")
+		w.expectNext(t, "a terminating pod is not Ready even while its condition says so",
 			"ns/a 10.0.0.1 - pool=chat")
 
-		a.apply(k8sPod("ns", "a", "10.0.0.1", true, chat()))
-		w.expect(t, "Ready again", "ns/a 10.0.0.1 ready pool=chat")
-
-		terminating := k8sPod("ns", "a", "10.0.0.1", true, chat())
-		terminating.DeletionTimestamp = &metav1.Time{Time: time.Unix(1700000000, 0)}
-		a.apply(terminating)
-		w.expect(t, "a terminating pod is not Ready even while its condition says so",
-			"ns/a 10.0.0.1 - pool=chat")
-
-		a.remove("ns", "a")
+		c.release("ns", "a")
 		w.expect(t, "last pod deleted")
 
 		w.stop(t)
-		lists, watchLists := a.counts()
+		lists, watchLists := reqs.counts()
 		if watchList && (watchLists == 0 || lists != 0) {
 			t.Errorf("watch-list mode: %d watch-lists and %d lists, want >0 and 0", watchLists, lists)
 		}
@@ -244,116 +266,101 @@ func TestKubernetesPodLifecycle(t *testing.T) {
 	})
 }
 
-// TestKubernetesRecovers cuts the watch, refuses the informer for a while,
-// and changes pods meanwhile with the history compacted, so the informer
-// must list again: pods deleted while it was away must disappear (they
-// come back as client-go tombstones) and new ones appear.
-func TestKubernetesRecovers(t *testing.T) {
+// TestKubernetesRecoversFromCompaction cuts the watcher off the API
+// server, changes pods meanwhile, compacts etcd's history and restarts the
+// API server (whose watch cache then starts from now): the watch cannot
+// resume from its resourceVersion (410 Gone), so the informer must list
+// again. Pods deleted while it was away disappear (client-go tombstones)
+// and new ones appear.
+func TestKubernetesRecoversFromCompaction(t *testing.T) {
 	inBothFetchModes(t, func(t *testing.T, watchList bool) {
-		a := startAPIServer(t,
+		c := startCluster(t,
 			k8sPod("ns", "a", "10.0.0.1", true, chat()),
 			k8sPod("ns", "b", "10.0.0.2", true, chat()),
 		)
+		proxy := c.Proxy()
+		reqs := &requests{}
 		logged := newLockedBuffer()
-		k := &Kubernetes{Client: clientFor(t, a), Namespace: "ns", Logger: slog.New(slog.NewTextHandler(logged, nil))}
+		k := &Kubernetes{Client: clientOf(t, proxy.Config(tier1User), reqs), Namespace: "ns", Logger: slog.New(slog.NewTextHandler(logged, nil))}
 		w := startWatcher(t, k)
 		w.expect(t, "initial set", "ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 ready pool=chat")
 
-		lists0, watchLists0 := a.counts()
-		a.forbid("tier1")
-		a.breakWatches()
-		select {
-		case <-logged.wrote: // the informer's retry was refused
-		case <-time.After(deadline):
-			t.Fatalf("no refused retry logged within %v", deadline)
-		}
-		a.remove("ns", "b")
-		a.apply(k8sPod("ns", "c", "10.0.0.3", true, chat()))
-		a.compact()
-		a.permit()
+		proxy.Cut()
+		c.remove("ns", "b")
+		c.apply(k8sPod("ns", "c", "10.0.0.3", true, chat()))
+		c.Compact()
+		c.Restart()
+		lists0, watchLists0 := reqs.counts()
+		proxy.Restore()
 		w.expect(t, "after the outage", "ns/a 10.0.0.1 ready pool=chat", "ns/c 10.0.0.3 ready pool=chat")
 		// The history was gone, so the informer had to fetch the whole
 		// state again rather than resume the watch.
-		if lists, watchLists := a.counts(); lists+watchLists <= lists0+watchLists0 {
+		if lists, watchLists := reqs.counts(); lists+watchLists <= lists0+watchLists0 {
 			t.Errorf("no new list after the compacted outage (lists %d→%d, watch-lists %d→%d)", lists0, lists, watchLists0, watchLists)
 		}
 
-		a.apply(k8sPod("ns", "a", "10.0.0.1", false, chat()))
-		w.expect(t, "watching again", "ns/a 10.0.0.1 - pool=chat", "ns/c 10.0.0.3 ready pool=chat")
+		c.apply(k8sPod("ns", "a", "10.0.0.1", false, chat()))
+		w.expectNext(t, "watching again", "ns/a 10.0.0.1 - pool=chat", "ns/c 10.0.0.3 ready pool=chat")
 	})
 }
 
-// podsFrom reads the API server's current pods of a namespace as Pods, the
-// way Run converts them.
-func podsFrom(t *testing.T, a *apiServer, ns string) []Pod {
-	t.Helper()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var objs []any
-	for _, p := range a.pods {
-		if p.Namespace == ns {
-			objs = append(objs, &p)
-		}
-	}
-	return podsOf(objs)
+// An API server restart ends every watch; the informer resumes and sees
+// the changes after it.
+func TestKubernetesAPIServerRestart(t *testing.T) {
+	noLeaks(t)
+	c := startCluster(t, k8sPod("ns", "a", "10.0.0.1", true, chat()))
+	k := &Kubernetes{Client: clientOf(t, c.Config(tier1User), nil), Namespace: "ns", Logger: quietLog()}
+	w := startWatcher(t, k)
+	w.expect(t, "initial set", "ns/a 10.0.0.1 ready pool=chat")
+	c.Restart()
+	c.apply(k8sPod("ns", "b", "10.0.0.2", true, chat()))
+	w.expect(t, "a pod added after the restart", "ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 ready pool=chat")
+	c.Restart()
+	c.remove("ns", "a")
+	w.expect(t, "a pod deleted after the second restart", "ns/b 10.0.0.2 ready pool=chat")
 }
 
-// TestKubernetesCoalesces holds Run inside onChange while 50 changes land,
-// then checks they arrive as one call carrying the latest set.
-func TestKubernetesCoalesces(t *testing.T) {
+// When RBAC stops allowing the watch (the RoleBinding deleted), the
+// informer's next list is refused: the failure is logged with the API
+// server's Forbidden, and the endpoints last known keep serving (no call
+// empties them). Once the binding is back, the informer catches up.
+func TestKubernetesForbiddenKeepsLastKnownPods(t *testing.T) {
 	noLeaks(t)
-	a := startAPIServer(t)
-	var once sync.Once
-	markerSeen := make(chan struct{})
-	k := &Kubernetes{Client: clientFor(t, a), Namespace: "ns", Logger: quietLog()}
-	k.testHookEvent = func(obj any) {
-		if p, ok := obj.(*corev1.Pod); ok && p.Name == "marker" {
-			once.Do(func() { close(markerSeen) })
-		}
-	}
+	c := startCluster(t,
+		k8sPod("ns", "a", "10.0.0.1", true, chat()),
+		k8sPod("ns", "b", "10.0.0.2", true, chat()),
+	)
+	proxy := c.Proxy()
+	logged := newLockedBuffer()
+	k := &Kubernetes{Client: clientOf(t, proxy.Config(tier1User), nil), Namespace: "ns", Logger: slog.New(slog.NewTextHandler(logged, nil))}
 	w := startWatcher(t, k)
-	w.expect(t, "initial set of an empty namespace")
+	w.expect(t, "initial set", "ns/a 10.0.0.1 ready pool=chat", "ns/b 10.0.0.2 ready pool=chat")
 
-	// The first change wakes Run, which then blocks in onChange (nobody
-	// reads w.updates) while the rest arrive.
-	const n = 50
-	for i := range n {
-		a.apply(k8sPod("ns", fmt.Sprintf("p%02d", i), fmt.Sprintf("10.0.1.%d", i), true, chat()))
-	}
-	a.apply(k8sPod("ns", "marker", "10.0.2.1", false, chat()))
+	c.Revoke("tier1-pods", "ns")
+	proxy.Cut() // ends the watch that was allowed when it began
+	c.remove("ns", "b")
+	proxy.Restore()
 	select {
-	case <-markerSeen:
+	case <-logged.wrote:
 	case <-time.After(deadline):
-		t.Fatalf("the informer did not see the last change within %v", deadline)
+		t.Fatalf("no refused retry logged within %v", deadline)
+	}
+	testkit.Eventually(t, "the refusal logged as forbidden", func() bool { return strings.Contains(logged.String(), "forbidden") })
+	select {
+	case p := <-w.updates:
+		t.Fatalf("a set was reported while the watch was forbidden: %q", show(p))
+	default:
 	}
 
-	var pods []string
-	for i := range n {
-		pods = append(pods, fmt.Sprintf("ns/p%02d 10.0.1.%d ready pool=chat", i, i))
-	}
-	want := append([]string{"ns/marker 10.0.2.1 - pool=chat"}, pods...) // sorted
-
-	first := w.next(t) // whatever Run had read when the first change woke it
-	if len(first) == 0 || len(first) > len(want) {
-		t.Fatalf("first call after the burst: %d pods", len(first))
-	}
-	if !slices.Equal(first, want) {
-		// Run was woken again by the changes that arrived while it was
-		// blocked, and reads the store once: the latest set.
-		w.expect(t, "the burst, coalesced", want...)
-	}
-	// Nothing is pending: the next call is the next change, not a replay.
-	a.remove("ns", "marker")
-	w.expect(t, "change after the burst", pods...)
-	if w.calls > 4 {
-		t.Errorf("%d calls for %d changes, want at most 4", w.calls, n+2)
-	}
+	c.Grant("tier1-pods", "ns", tier1User, "", []string{"pods"}, []string{"get", "list", "watch"})
+	w.expect(t, "caught up once allowed again", "ns/a 10.0.0.1 ready pool=chat")
 }
 
 func TestKubernetesRunErrors(t *testing.T) {
 	noLeaks(t)
-	a := startAPIServer(t)
-	client := clientFor(t, a)
+	// Run refuses these before it sends anything: the client points
+	// nowhere.
+	client := clientOf(t, &rest.Config{Host: "https://127.0.0.1:1"}, nil)
 	nop := func([]Pod) {}
 	tests := []struct {
 		name     string
@@ -380,12 +387,13 @@ func TestKubernetesRunErrors(t *testing.T) {
 // missing), leaving nothing running, and reports the failure to its logger.
 func TestKubernetesCancelBeforeSync(t *testing.T) {
 	noLeaks(t)
-	a := startAPIServer(t, k8sPod("ns", "a", "10.0.0.1", true, chat()))
-	a.forbid("tier1")
+	c := startCluster(t)
+	c.Namespace("locked") // no Role for the tier1 user here
+	c.apply(k8sPod("locked", "a", "10.0.0.1", true, chat()))
 	logged := newLockedBuffer()
 	k := &Kubernetes{
-		Client:    clientFor(t, a),
-		Namespace: "ns",
+		Client:    clientOf(t, c.Config(tier1User), nil),
+		Namespace: "locked",
 		Logger:    slog.New(slog.NewTextHandler(logged, nil)),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -412,28 +420,12 @@ func TestKubernetesCancelBeforeSync(t *testing.T) {
 
 func TestNewKubernetes(t *testing.T) {
 	noLeaks(t)
-	a := startAPIServer(t,
+	c := startCluster(t,
 		k8sPod("team-a", "m-0", "10.0.3.1", true, chat()),
 		k8sPod("team-b", "m-1", "10.0.3.2", true, chat()),
 	)
 	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "config")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {server: "`+a.URL()+`"}
-users:
-- name: tier1
-  user: {token: not-checked}
-contexts:
-- name: test
-  context: {cluster: test, user: tier1, namespace: team-a}
-current-context: test
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-
+	kubeconfig := c.Kubeconfig(tier1User, "team-a")
 	t.Run("kubeconfig, its context's namespace", func(t *testing.T) {
 		k, err := NewKubernetes(kubeconfig, "")
 		if err != nil {
