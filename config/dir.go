@@ -377,3 +377,14 @@ func (s *StaticSource) Run(ctx context.Context) {
 	<-ctx.Done()
 	s.close()
 }
+
+// Broadcaster is the Snapshot and Subscribe half of a Source, for sources
+// outside this package (config/kube): Publish puts a snapshot in force
+// and hands it to subscribers, newest wins; Close ends subscriptions.
+type Broadcaster struct{ broadcaster }
+
+// Publish puts s in force.
+func (b *Broadcaster) Publish(s *Snapshot) { b.publish(s) }
+
+// Close closes every subscription.
+func (b *Broadcaster) Close() { b.close() }

@@ -44,6 +44,8 @@ type Metadata struct {
 }
 
 // Duration is a time.Duration written as a Go duration string ("50ms", "1m").
+//
+// +kubebuilder:validation:Type=string
 type Duration time.Duration
 
 // D returns the value as a time.Duration.
@@ -79,6 +81,8 @@ type Gateway struct {
 
 // GatewaySpec holds the schedulers of one cluster and how callers are
 // authenticated at the Tier-2 in front of it.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.schedulers) || size(self.schedulers) <= 1 || (has(self.bbr) && self.bbr.enabled)",message="body-based routing (bbr.enabled) must be on with more than one scheduler"
 type GatewaySpec struct {
 	// Region and Cluster name where this gateway runs; they must appear in
 	// the Topology when one is configured.
@@ -90,6 +94,7 @@ type GatewaySpec struct {
 	BBR  BBR  `json:"bbr,omitempty"`
 	Auth Auth `json:"auth,omitempty"`
 	// Schedulers is one pool each; at most 100.
+	// +kubebuilder:validation:MaxItems=100
 	Schedulers []Scheduler `json:"schedulers"`
 }
 
@@ -152,12 +157,16 @@ func (r RequiredClaims) CriticalityClaim() string {
 
 // Scheduler is one model pool: which pods serve it and how Tier-1 scores
 // them.
+//
+// +kubebuilder:validation:XValidation:rule="!(has(self.weights) && has(self.configMapRef))",message="set either weights or configMapRef, not both"
 type Scheduler struct {
 	Name string `json:"name"`
 	// ModelName is the model name callers send (the body's "model").
 	ModelName     string        `json:"modelName"`
 	ModelSelector ModelSelector `json:"modelSelector"`
 	// TargetPort is the model-server port on each pod. Default 8000.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
 	TargetPort int `json:"targetPort,omitempty"`
 	// Replicas is the desired number of Tier-1 replicas (informational in
 	// standalone mode; used by the Helm chart).
@@ -167,10 +176,12 @@ type Scheduler struct {
 	Weights      *Weights      `json:"weights,omitempty"`
 	ConfigMapRef *ConfigMapRef `json:"configMapRef,omitempty"`
 	// LoraAdapters served by this pool; at most 50.
+	// +kubebuilder:validation:MaxItems=50
 	LoraAdapters []string `json:"loraAdapters,omitempty"`
 	// Scoring selects the scorer semantics: "meridian" (default) or "gie"
 	// (the Gateway API Inference Extension's exact semantics, the baseline).
 	// Meridian's own field.
+	// +kubebuilder:validation:Enum=meridian;gie
 	Scoring string `json:"scoring,omitempty"`
 	// Admission tunes this pool's admission by priority band at Tier-1;
 	// unset fields keep priority's defaults. Meridian's own field.
@@ -278,13 +289,20 @@ type ConfigMapRef struct {
 // Weights of the seven scorers. Unset weights are zero; at least one must
 // be positive.
 type Weights struct {
-	Queue            float64 `json:"queue,omitempty"`
-	KVCache          float64 `json:"kvCache,omitempty"`
-	Prefix           float64 `json:"prefix,omitempty"`
-	LoraAffinity     float64 `json:"loraAffinity,omitempty"`
-	RunningRequests  float64 `json:"runningRequests,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	Queue float64 `json:"queue,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	KVCache float64 `json:"kvCache,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	Prefix float64 `json:"prefix,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	LoraAffinity float64 `json:"loraAffinity,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	RunningRequests float64 `json:"runningRequests,omitempty"`
+	// +kubebuilder:validation:Minimum=0
 	PredictedLatency float64 `json:"predictedLatency,omitempty"`
-	LRU              float64 `json:"lru,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	LRU float64 `json:"lru,omitempty"`
 }
 
 // DefaultWeights are the weights of a scheduler that names none: HyperPod's
@@ -428,7 +446,9 @@ type ModelMatch struct {
 // RewriteTarget is one weighted destination model.
 type RewriteTarget struct {
 	ModelRewrite string `json:"modelRewrite"`
-	Weight       int64  `json:"weight"`
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000
+	Weight int64 `json:"weight"`
 	// Clusters restricts the target to these clusters (any Region); empty
 	// means wherever a scheduler serves the target model. Meridian's own.
 	Clusters []string `json:"clusters,omitempty"`
@@ -437,6 +457,7 @@ type RewriteTarget struct {
 // Stickiness selects what keeps a caller on one target.
 type Stickiness struct {
 	// Key is "tenant" (default) or "header".
+	// +kubebuilder:validation:Enum=tenant;header
 	Key string `json:"key,omitempty"`
 	// Header names the request header when Key is "header" (for example
 	// x-session-id); requests without it fall back to the tenant.
@@ -505,6 +526,7 @@ type Tenant struct {
 type TenantSpec struct {
 	// MaxBand is the highest band the tenant may claim: Critical,
 	// Standard (default) or Sheddable. Higher claims are lowered to it.
+	// +kubebuilder:validation:Enum=Critical;Standard;Sheddable
 	MaxBand string `json:"maxBand,omitempty"`
 	// Weight is the tenant's share in fair queueing inside a band.
 	// Zero means 1.

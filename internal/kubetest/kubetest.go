@@ -28,10 +28,14 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/meridian-router/meridian/internal/cutproxy"
 )
@@ -432,4 +436,70 @@ func freeAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// GrantRules is Grant with the Role's rules given whole.
+func (s *Server) GrantRules(name, namespace, user string, rules []rbacv1.PolicyRule) {
+	s.t.Helper()
+	ctx := context.Background()
+	c := s.Client(Admin).RbacV1()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Rules: rules}
+	if _, err := c.Roles(namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		s.t.Fatalf("kubetest: role %s: %v", name, err)
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}
+	if _, err := c.RoleBindings(namespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		s.t.Fatalf("kubetest: role binding %s: %v", name, err)
+	}
+}
+
+// InstallCRDs creates the CustomResourceDefinitions of docs (YAML, one
+// each) and waits until the API server serves every one of them.
+func (s *Server) InstallCRDs(docs [][]byte) {
+	s.t.Helper()
+	ctx := context.Background()
+	dyn, err := dynamic.NewForConfig(s.Config(Admin))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	crds := dyn.Resource(apiextensionsv1.SchemeGroupVersion.WithResource("customresourcedefinitions"))
+	var names []string
+	for _, d := range docs {
+		var u unstructured.Unstructured
+		if err := yaml.Unmarshal(d, &u.Object); err != nil {
+			s.t.Fatalf("kubetest: CRD: %v", err)
+		}
+		if _, err := crds.Create(ctx, &u, metav1.CreateOptions{}); err != nil {
+			s.t.Fatalf("kubetest: create CRD %s: %v", u.GetName(), err)
+		}
+		names = append(names, u.GetName())
+	}
+	deadline := time.Now().Add(StartTimeout)
+	for _, n := range names {
+		for {
+			u, err := crds.Get(ctx, n, metav1.GetOptions{})
+			if err == nil && established(u) {
+				break
+			}
+			if time.Now().After(deadline) {
+				s.t.Fatalf("kubetest: CRD %s not established within %s (%v)", n, StartTimeout, err)
+			}
+			time.Sleep(20 * time.Millisecond) // a polling interval
+		}
+	}
+}
+
+func established(u *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		if m["type"] == string(apiextensionsv1.Established) && m["status"] == "True" {
+			return true
+		}
+	}
+	return false
 }
