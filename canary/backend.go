@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/config/kube"
 )
 
 // Backend is where InferenceModelRewrites are stored.
@@ -47,20 +48,7 @@ func (e *Etcd) Load(ctx context.Context) (*config.Snapshot, error) { return e.St
 
 // Update implements Backend.
 func (e *Etcd) Update(ctx context.Context, name string, fn func(*config.ModelRewrite) error) error {
-	key := config.ObjectKey{Kind: config.KindModelRewrite, Name: name}
-	plan, err := e.Store.Mutate(ctx, key, func(cur []byte) ([]byte, error) {
-		if cur == nil {
-			return nil, fmt.Errorf("%w: %q", ErrUnknownRewrite, name)
-		}
-		var mr config.ModelRewrite
-		if err := json.Unmarshal(cur, &mr); err != nil {
-			return nil, fmt.Errorf("canary: stored %s: %w", key, err)
-		}
-		if err := fn(&mr); err != nil {
-			return nil, err
-		}
-		return json.Marshal(&mr)
-	})
+	plan, err := e.Store.Mutate(ctx, config.ObjectKey{Kind: config.KindModelRewrite, Name: name}, mutateRewrite(name, fn))
 	if err != nil {
 		return err
 	}
@@ -77,13 +65,72 @@ func (e *Etcd) Update(ctx context.Context, name string, fn func(*config.ModelRew
 // several instances that reach the same verdict, one write wins and the
 // others find the state already moved.
 func (e *Etcd) SwapRollout(ctx context.Context, name string, prev, next config.Rollout) error {
-	return e.Update(ctx, name, func(mr *config.ModelRewrite) error {
+	return e.Update(ctx, name, swap(prev, next))
+}
+
+// Kubernetes stores rewrites as InferenceModelRewrite objects through a
+// kube.Store: every Update carries the resourceVersion it read (and the
+// store's guard), so a concurrent change makes it fail with
+// config.ErrConflict instead of being overwritten.
+type Kubernetes struct {
+	Store *kube.Store
+	// beforeCommit, as Etcd's.
+	beforeCommit func()
+}
+
+// NewKubernetes returns a Kubernetes backend over store.
+func NewKubernetes(store *kube.Store) *Kubernetes { return &Kubernetes{Store: store} }
+
+// Load implements Backend.
+func (k *Kubernetes) Load(ctx context.Context) (*config.Snapshot, error) { return k.Store.Load(ctx) }
+
+// Update implements Backend.
+func (k *Kubernetes) Update(ctx context.Context, name string, fn func(*config.ModelRewrite) error) error {
+	plan, err := k.Store.Mutate(ctx, config.ObjectKey{Kind: config.KindModelRewrite, Name: name}, mutateRewrite(name, fn))
+	if err != nil {
+		return err
+	}
+	if k.beforeCommit != nil {
+		k.beforeCommit()
+	}
+	_, err = k.Store.Commit(ctx, plan)
+	return err
+}
+
+// SwapRollout is Etcd.SwapRollout on the cluster's objects.
+func (k *Kubernetes) SwapRollout(ctx context.Context, name string, prev, next config.Rollout) error {
+	return k.Update(ctx, name, swap(prev, next))
+}
+
+// mutateRewrite adapts fn, which changes a rewrite in place, to a
+// store's Mutate, which rewrites the object's JSON.
+func mutateRewrite(name string, fn func(*config.ModelRewrite) error) func(cur []byte) ([]byte, error) {
+	key := config.ObjectKey{Kind: config.KindModelRewrite, Name: name}
+	return func(cur []byte) ([]byte, error) {
+		if cur == nil {
+			return nil, fmt.Errorf("%w: %q", ErrUnknownRewrite, name)
+		}
+		var mr config.ModelRewrite
+		if err := json.Unmarshal(cur, &mr); err != nil {
+			return nil, fmt.Errorf("canary: stored %s: %w", key, err)
+		}
+		if err := fn(&mr); err != nil {
+			return nil, err
+		}
+		return json.Marshal(&mr)
+	}
+}
+
+// swap replaces a rewrite's rollout with next provided it still equals
+// prev; otherwise it fails with config.ErrConflict.
+func swap(prev, next config.Rollout) func(*config.ModelRewrite) error {
+	return func(mr *config.ModelRewrite) error {
 		if mr.Spec.Rollout == nil || !reflect.DeepEqual(*mr.Spec.Rollout, prev) {
 			return config.ErrConflict
 		}
 		mr.Spec.Rollout = &next
 		return nil
-	})
+	}
 }
 
 // Dir stores rewrites in a directory (or file) of YAML, as `meridian up

@@ -36,6 +36,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/config/kube"
 	"github.com/meridian-router/meridian/deploy/examples"
 	"github.com/meridian-router/meridian/internal/tracing"
 	"github.com/meridian-router/meridian/priority"
@@ -61,10 +62,16 @@ type Config struct {
 	Ports       string // PortsConfig (or empty) or PortsAuto
 	// Etcd, when set, serves the configuration from etcd under Prefix,
 	// seeded with Dir or the example when the prefix is empty.
-	Etcd      []string
-	Prefix    string
-	FrontDoor tier2.Config // every Tier-2's front-door settings
-	Version   string       // meridian_build_info's version
+	Etcd   []string
+	Prefix string
+	// Kubernetes, when set, serves the configuration from cluster objects
+	// in Namespace (through Kubeconfig; empty: in-cluster), seeded like
+	// etcd's.
+	Kubernetes bool
+	Kubeconfig string
+	Namespace  string
+	FrontDoor  tier2.Config // every Tier-2's front-door settings
+	Version    string       // meridian_build_info's version
 	// ModelsInterval is how often the Tier-1s read each pod's /v1/models
 	// again (what it serves: adapters, context length); zero means 30 s.
 	ModelsInterval time.Duration
@@ -218,8 +225,14 @@ type MetricsTarget struct {
 // the configuration every component reads, so that Tier-2 reaches the
 // Tier-1s and the Tier-1s their pods where they really listen.
 func loadConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []PortMove, error) {
+	if len(f.Etcd) > 0 && f.Kubernetes {
+		return nil, Source{}, nil, usage(errors.New("set either --etcd or --source kubernetes, not both"))
+	}
 	if len(f.Etcd) > 0 {
 		return etcdConfig(ctx, f)
+	}
+	if f.Kubernetes {
+		return kubeConfig(ctx, f)
 	}
 	docs, err := readDocs(f.Dir)
 	if err != nil {
@@ -265,9 +278,7 @@ func movePorts(s *config.Snapshot, f Config) ([]PortMove, error) {
 	return planPorts(s, f.Listen, f.Ports)
 }
 
-// etcdConfig serves the platform from etcd. An empty prefix is seeded
-// first with Dir or the embedded example; moved ports are written back
-// to the stored Topology and StaticEndpoints.
+// etcdConfig serves the platform from etcd (storedConfig).
 func etcdConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []PortMove, error) {
 	cli, err := newEtcdClient(f.Etcd)
 	if err != nil {
@@ -275,31 +286,61 @@ func etcdConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []Port
 	}
 	defer cli.Close()
 	store := &config.Store{Client: cli, Prefix: f.Prefix}
-	// write stores docs (one validated, revision-checked change) and
-	// reads back the whole configuration.
-	write := func(docs []config.Document) (*config.Snapshot, error) {
+	snap, moves, err := storedConfig(ctx, f, store.Load, func(docs []config.Document) error {
 		plan, err := store.PlanApply(ctx, docs, nil)
 		if err == nil {
 			_, err = store.Commit(ctx, plan)
 		}
-		if err != nil {
-			return nil, err
-		}
-		return store.Load(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, Source{}, nil, err
 	}
-	snap, err := store.Load(ctx)
-	if err == nil && len(snap.Objects) == 0 {
-		var docs []config.Document
-		if docs, err = readDocs(f.Dir); err == nil {
-			snap, err = write(docs)
-		}
-	}
+	cache := filepath.Join(os.TempDir(), fmt.Sprintf("meridian-up-%d.json", os.Getpid()))
+	return snap, Source{Etcd: f.Etcd, Prefix: f.Prefix, Cache: cache}, moves, nil
+}
+
+// kubeConfig serves the platform from cluster objects (storedConfig).
+func kubeConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []PortMove, error) {
+	clients, ns, err := kube.Connect(f.Kubeconfig, f.Namespace, "meridian")
 	if err != nil {
 		return nil, Source{}, nil, fmt.Errorf("up: %w", err)
 	}
-	moves, err := movePorts(snap, f)
+	store := &kube.Store{Dynamic: clients.Dynamic, Client: clients.Client, Namespace: ns}
+	snap, moves, err := storedConfig(ctx, f, store.Load, func(docs []config.Document) error {
+		plan, err := store.PlanApply(ctx, docs, nil)
+		if err == nil {
+			_, err = store.Commit(ctx, plan)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, Source{}, nil, err
+	}
+	return snap, Source{Kubernetes: true, Kubeconfig: f.Kubeconfig, Namespace: ns}, moves, nil
+}
+
+// storedConfig serves the platform from a store (etcd, the cluster's
+// objects): an empty one is seeded first with Dir or the embedded
+// example; moved ports are written back to the stored Topology and
+// StaticEndpoints. write stores docs as one validated, revision-checked
+// change.
+func storedConfig(ctx context.Context, f Config, load func(context.Context) (*config.Snapshot, error), write func([]config.Document) error) (*config.Snapshot, []PortMove, error) {
+	snap, err := load(ctx)
+	if err == nil && len(snap.Objects) == 0 {
+		var docs []config.Document
+		if docs, err = readDocs(f.Dir); err == nil {
+			if err = write(docs); err == nil {
+				snap, err = load(ctx)
+			}
+		}
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("up: %w", err)
+	}
+	moves, err := movePorts(snap, f)
+	if err != nil {
+		return nil, nil, err
 	}
 	if len(moves) > 0 {
 		var docs []config.Document
@@ -310,16 +351,18 @@ func etcdConfig(ctx context.Context, f Config) (*config.Snapshot, Source, []Port
 			o := snap.Objects[k]
 			ds, errs := config.Decode(o.Origin, o.JSON)
 			if err := errs.Err(); err != nil {
-				return nil, Source{}, nil, fmt.Errorf("up: %w", err)
+				return nil, nil, fmt.Errorf("up: %w", err)
 			}
 			docs = append(docs, ds...)
 		}
-		if snap, err = write(moveDocs(docs, moves)); err != nil {
-			return nil, Source{}, nil, fmt.Errorf("up: storing the moved ports: %w", err)
+		if err := write(moveDocs(docs, moves)); err != nil {
+			return nil, nil, fmt.Errorf("up: storing the moved ports: %w", err)
+		}
+		if snap, err = load(ctx); err != nil {
+			return nil, nil, fmt.Errorf("up: %w", err)
 		}
 	}
-	cache := filepath.Join(os.TempDir(), fmt.Sprintf("meridian-up-%d.json", os.Getpid()))
-	return snap, Source{Etcd: f.Etcd, Prefix: f.Prefix, Cache: cache}, moves, nil
+	return snap, moves, nil
 }
 
 // Start reads the platform's configuration, moves the listeners whose

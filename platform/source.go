@@ -16,11 +16,12 @@ import (
 
 	"github.com/meridian-router/meridian/canary"
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/config/kube"
 	"github.com/meridian-router/meridian/tier2"
 )
 
-// Source is where a process reads its configuration: a directory (Dir)
-// or etcd (Etcd), never both.
+// Source is where a process reads its configuration: a directory (Dir),
+// etcd (Etcd) or cluster objects (Kubernetes), one of them.
 type Source struct {
 	Dir    string   // directory (or file) of YAML, reloaded on change
 	Etcd   []string // etcd endpoints
@@ -32,6 +33,13 @@ type Source struct {
 	// configuration (spec.auth.jwt.jwksFile) are resolved against (empty:
 	// the working directory).
 	Root string
+	// Kubernetes reads the configuration from cluster objects in
+	// Namespace (config/kube), through Kubeconfig (empty: the in-cluster
+	// service account). Empty Namespace: the kubeconfig context's, or this
+	// pod's.
+	Kubernetes bool
+	Kubeconfig string
+	Namespace  string
 
 	// check is the consuming component's test of a valid configuration
 	// (tier2.Usable); a configuration it refuses is an invalid reload.
@@ -51,7 +59,7 @@ func (f *Source) fileRoot() (string, error) {
 	if f.Dir != "" {
 		return f.Dir, nil
 	}
-	if len(f.Etcd) == 0 {
+	if len(f.Etcd) == 0 && !f.Kubernetes {
 		return "", nil
 	}
 	root := f.Root
@@ -110,8 +118,18 @@ func (f *Source) open(ctx context.Context, reg prometheus.Registerer, log *slog.
 	case f.static != nil:
 		src := config.NewStaticSource(f.static)
 		return &openedSource{Source: src, run: src.Run, close: func() {}}, nil
-	case f.Dir != "" && len(f.Etcd) > 0:
-		return nil, usage(errors.New("set either --config or --etcd, not both"))
+	case btoi(f.Dir != "")+btoi(len(f.Etcd) > 0)+btoi(f.Kubernetes) > 1:
+		return nil, usage(errors.New("set one of --config, --etcd and --source kubernetes"))
+	case f.Kubernetes:
+		clients, ns, err := kube.Connect(f.Kubeconfig, f.Namespace, "meridian")
+		if err != nil {
+			return nil, err
+		}
+		src := &kube.Source{Dynamic: clients.Dynamic, Client: clients.Client, Namespace: ns, Logger: log, OnReload: onReload, Check: f.check}
+		if err := src.Start(ctx); err != nil {
+			return nil, err
+		}
+		return &openedSource{Source: src, run: src.Run, close: func() {}}, nil
 	case f.Dir != "":
 		src := &config.DirSource{Dir: f.Dir, Logger: log, OnReload: onReload, Check: f.check, Rewrite: f.rewrite}
 		if err := src.Start(); err != nil {
@@ -146,7 +164,14 @@ func (f *Source) open(ctx context.Context, reg prometheus.Registerer, log *slog.
 		}
 		return &openedSource{Source: src, run: src.Run, close: func() { cli.Close() }}, nil
 	}
-	return nil, usage(errors.New("set --config DIR or --etcd ENDPOINTS"))
+	return nil, usage(errors.New("set --config DIR, --etcd ENDPOINTS or --source kubernetes"))
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // newEtcdClient connects to etcd the way every process here does.
@@ -159,8 +184,16 @@ func newEtcdClient(endpoints []string) (*clientv3.Client, error) {
 }
 
 // canaryStore is the rollout store Tier-2's analysis writes through: etcd
-// when the configuration comes from etcd, none (report only) otherwise.
+// or the cluster's objects when the configuration comes from there, none
+// (report only) otherwise.
 func (f *Source) canaryStore() (tier2.RolloutStore, func(), error) {
+	if f.Kubernetes {
+		clients, ns, err := kube.Connect(f.Kubeconfig, f.Namespace, "meridian")
+		if err != nil {
+			return nil, nil, err
+		}
+		return canary.NewKubernetes(&kube.Store{Dynamic: clients.Dynamic, Client: clients.Client, Namespace: ns}), func() {}, nil
+	}
 	if len(f.Etcd) == 0 {
 		return nil, func() {}, nil
 	}

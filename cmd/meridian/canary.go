@@ -16,6 +16,7 @@ import (
 
 	"github.com/meridian-router/meridian/canary"
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/config/kube"
 )
 
 func init() { extraCommands = append(extraCommands, newCanaryCmd) }
@@ -26,13 +27,22 @@ type canaryFlags struct {
 	endpoints []string
 	prefix    string
 	tier2     []string
+	// kubeconfig and namespace select the cluster's objects.
+	kubeconfig, namespace string
 }
 
 // open returns the rollouts of the selected store and its cleanup.
 func (f *canaryFlags) open() (*canary.Rollouts, func(), error) {
 	switch {
-	case f.dir != "" && len(f.endpoints) > 0:
-		return nil, nil, &exitError{2, errors.New("set either --config or --etcd, not both")}
+	case btoi(f.dir != "")+btoi(len(f.endpoints) > 0)+btoi(f.kubeconfig != "") > 1:
+		return nil, nil, &exitError{2, errors.New("set one of --config, --etcd and --kubeconfig")}
+	case f.kubeconfig != "":
+		clients, ns, err := kube.Connect(f.kubeconfig, f.namespace, "meridian-canary")
+		if err != nil {
+			return nil, nil, err
+		}
+		store := &kube.Store{Dynamic: clients.Dynamic, Client: clients.Client, Namespace: ns}
+		return &canary.Rollouts{Backend: canary.NewKubernetes(store)}, func() {}, nil
 	case f.dir != "":
 		return &canary.Rollouts{Backend: &canary.Dir{Path: f.dir}}, func() {}, nil
 	case len(f.endpoints) > 0:
@@ -42,7 +52,14 @@ func (f *canaryFlags) open() (*canary.Rollouts, func(), error) {
 		}
 		return &canary.Rollouts{Backend: canary.NewEtcd(&config.Store{Client: cli, Prefix: f.prefix})}, func() { cli.Close() }, nil
 	}
-	return nil, nil, &exitError{2, errors.New("set --etcd ENDPOINTS (or --config DIR for a local directory)")}
+	return nil, nil, &exitError{2, errors.New("set --etcd ENDPOINTS or --kubeconfig PATH (or --config DIR for a local directory)")}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func newCanaryCmd() *cobra.Command {
@@ -61,6 +78,8 @@ func newCanaryCmd() *cobra.Command {
 	}
 	cmd.PersistentFlags().StringSliceVar(&f.endpoints, "etcd", nil, "etcd endpoints (host:port,...) holding the configuration")
 	cmd.PersistentFlags().StringVar(&f.prefix, "prefix", config.DefaultPrefix, "etcd key prefix")
+	cmd.PersistentFlags().StringVar(&f.kubeconfig, "kubeconfig", "", "change the InferenceModelRewrite objects of this cluster (instead of etcd)")
+	cmd.PersistentFlags().StringVar(&f.namespace, "namespace", "", "with --kubeconfig: the namespace of Meridian's objects (default: the context's)")
 	cmd.PersistentFlags().StringVar(&f.dir, "config", "", "directory of YAML configuration to change instead of etcd (local use)")
 	cmd.PersistentFlags().StringSliceVar(&f.tier2, "tier2", nil, "Tier-2 admin (--metrics) base URLs (http://host:9090,...) whose live analysis status shows")
 	cmd.AddCommand(canaryStartCmd(&f), canarySetWeightCmd(&f), canaryPromoteCmd(&f), canaryAbortCmd(&f),
@@ -76,6 +95,9 @@ func canaryChange(cmd *cobra.Command, f *canaryFlags, verb string, run func(cont
 	}
 	defer done()
 	st, err := run(cmd.Context(), r)
+	if errors.Is(err, config.ErrConflict) {
+		return &exitError{1, fmt.Errorf("%w\nretry: someone changed the rollout since it was read; nothing was written", err)}
+	}
 	if err != nil {
 		return err
 	}

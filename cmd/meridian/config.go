@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/config/kube"
 )
 
 // etcdFlags are the flags of every command that talks to etcd.
@@ -47,27 +48,124 @@ func (f *etcdFlags) client() (*clientv3.Client, error) {
 	return cli, nil
 }
 
+// storeFlags select where config get, diff and apply read and write:
+// etcd (--etcd) or the cluster's objects (--kubeconfig).
+type storeFlags struct {
+	etcdFlags
+	kubeconfig, namespace string
+}
+
+func (f *storeFlags) register(cmd *cobra.Command) {
+	f.etcdFlags.register(cmd)
+	cmd.Flags().StringVar(&f.kubeconfig, "kubeconfig", "", "read and write the configuration as objects of this cluster (instead of etcd)")
+	cmd.Flags().StringVar(&f.namespace, "namespace", "", "with --kubeconfig: the namespace of Meridian's objects (default: the context's)")
+}
+
+func (f *storeFlags) selected() bool { return len(f.endpoints) > 0 || f.kubeconfig != "" }
+
+// configStore is etcd's config.Store or the cluster's kube.Store.
+type configStore interface {
+	Load(ctx context.Context) (*config.Snapshot, error)
+	Plan(ctx context.Context, docs []config.Document) (configPlan, error)
+	Name() string
+}
+
+// configPlan is a validated change that Commit writes all or nothing
+// (etcd) or object by object under resourceVersion preconditions
+// (Kubernetes).
+type configPlan interface {
+	Describe() string
+	Changes() int
+	Commit(ctx context.Context) (string, error)
+}
+
+func (f *storeFlags) open() (configStore, func(), error) {
+	switch {
+	case len(f.endpoints) > 0 && f.kubeconfig != "":
+		return nil, nil, &exitError{2, errors.New("set either --etcd or --kubeconfig, not both")}
+	case f.kubeconfig != "":
+		clients, ns, err := kube.Connect(f.kubeconfig, f.namespace, "meridian-config")
+		if err != nil {
+			return nil, nil, err
+		}
+		return kubeStore{&kube.Store{Dynamic: clients.Dynamic, Client: clients.Client, Namespace: ns}}, func() {}, nil
+	}
+	cli, err := f.client()
+	if err != nil {
+		return nil, nil, err
+	}
+	return etcdStore{&config.Store{Client: cli, Prefix: f.prefix}}, func() { cli.Close() }, nil
+}
+
+type etcdStore struct{ *config.Store }
+
+func (s etcdStore) Name() string { return "etcd " + s.Prefix }
+
+func (s etcdStore) Plan(ctx context.Context, docs []config.Document) (configPlan, error) {
+	p, err := s.PlanApply(ctx, docs, nil)
+	if err != nil {
+		return nil, err
+	}
+	return etcdPlan{s.Store, p}, nil
+}
+
+type etcdPlan struct {
+	s *config.Store
+	*config.Plan
+}
+
+func (p etcdPlan) Changes() int { return len(p.Plan.Changes) }
+
+func (p etcdPlan) Commit(ctx context.Context) (string, error) {
+	rev, err := p.s.Commit(ctx, p.Plan)
+	return fmt.Sprintf("at revision %d", rev), err
+}
+
+type kubeStore struct{ *kube.Store }
+
+func (s kubeStore) Name() string { return "kubernetes namespace " + s.Namespace }
+
+func (s kubeStore) Plan(ctx context.Context, docs []config.Document) (configPlan, error) {
+	p, err := s.PlanApply(ctx, docs, nil)
+	if err != nil {
+		return nil, err
+	}
+	return kubePlan{s.Store, p}, nil
+}
+
+type kubePlan struct {
+	s *kube.Store
+	*kube.Plan
+}
+
+func (p kubePlan) Changes() int { return len(p.Plan.Changes) }
+
+func (p kubePlan) Commit(ctx context.Context) (string, error) {
+	n, err := p.s.Commit(ctx, p.Plan)
+	return fmt.Sprintf("to %d object(s) in namespace %s", n, p.s.Namespace), err
+}
+
 func newConfigCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "config",
 		Short: "Validate, inspect and change Meridian's configuration",
 	}
-	cmd.AddCommand(newConfigValidateCmd(), newConfigGetCmd(), newConfigDiffCmd(), newConfigApplyCmd(), newConfigDriftCmd())
+	cmd.AddCommand(newConfigValidateCmd(), newConfigGetCmd(), newConfigDiffCmd(), newConfigApplyCmd(), newConfigDriftCmd(), newConfigCRDsCmd())
 	return cmd
 }
 
 func newConfigValidateCmd() *cobra.Command {
-	var ef etcdFlags
+	var ef storeFlags
 	cmd := &cobra.Command{
 		Use:   "validate [PATH...]",
 		Short: "Check configuration files (or what etcd holds) without applying them",
 		Long: "Decode every YAML file under each PATH strictly and validate the whole configuration\n" +
 			"(fields and the relations between documents). Every problem is reported, each with its\n" +
 			"file and field path. Exits 1 when the configuration is invalid.",
-		Example: "  meridian config validate deploy/examples\n  meridian config validate --etcd 127.0.0.1:2379",
+		Example: "  meridian config validate deploy/examples\n  meridian config validate --etcd 127.0.0.1:2379\n  meridian config validate --kubeconfig ~/.kube/config --namespace meridian",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 && len(ef.endpoints) == 0 {
-				return &exitError{2, errors.New("name a file or directory to validate, or --etcd")}
+			if len(args) == 0 && !ef.selected() {
+				return &exitError{2, errors.New("name a file or directory to validate, or --etcd, or --kubeconfig")}
 			}
 			out := cmd.OutOrStdout()
 			failed := false
@@ -95,20 +193,20 @@ func newConfigValidateCmd() *cobra.Command {
 				}
 				fmt.Fprintf(out, "%s: valid: %s in %d file(s)\n", p, summarize(docs), len(files))
 			}
-			if len(ef.endpoints) > 0 {
-				cli, err := ef.client()
+			if ef.selected() {
+				store, done, err := ef.open()
 				if err != nil {
 					return err
 				}
-				defer cli.Close()
+				defer done()
 				ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
 				defer cancel()
-				s, err := (&config.Store{Client: cli, Prefix: ef.prefix}).Load(ctx)
+				s, err := store.Load(ctx)
 				if err != nil {
 					failed = true
 					fmt.Fprintln(cmd.ErrOrStderr(), err)
 				} else {
-					fmt.Fprintf(out, "etcd %s (revision %d): valid: %d objects\n", ef.prefix, s.Revision, len(s.Objects))
+					fmt.Fprintf(out, "%s (revision %d): valid: %d objects\n", store.Name(), s.Revision, len(s.Objects))
 				}
 			}
 			if failed {
@@ -135,12 +233,13 @@ func summarize(docs []config.Document) string {
 }
 
 func newConfigGetCmd() *cobra.Command {
-	var ef etcdFlags
+	var ef storeFlags
 	var dir, output string
 	cmd := &cobra.Command{
 		Use:   "get [KIND[/NAME]]",
-		Short: "Print objects from etcd (or a directory)",
+		Short: "Print objects from etcd, the cluster (or a directory)",
 		Example: "  meridian config get Tenant --etcd 127.0.0.1:2379\n" +
+			"  meridian config get InferenceModelRewrite --kubeconfig ~/.kube/config --namespace meridian\n" +
 			"  meridian config get InferenceGatewayConfig/us-east-1a --config deploy/examples -o json",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -150,14 +249,14 @@ func newConfigGetCmd() *cobra.Command {
 			case dir != "":
 				s, err = config.LoadDir(dir)
 			default:
-				cli, cerr := ef.client()
-				if cerr != nil {
-					return cerr
+				store, done, oerr := ef.open()
+				if oerr != nil {
+					return oerr
 				}
-				defer cli.Close()
+				defer done()
 				ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
 				defer cancel()
-				s, err = (&config.Store{Client: cli, Prefix: ef.prefix}).Load(ctx)
+				s, err = store.Load(ctx)
 			}
 			if err != nil {
 				return err
@@ -212,39 +311,38 @@ func printObject(w io.Writer, format string, js []byte, n int) error {
 	return &exitError{2, fmt.Errorf("unknown output format %q: want yaml or json", format)}
 }
 
-// planFromFlags reads -f paths and plans applying them to etcd.
-func planFromFlags(cmd *cobra.Command, ef *etcdFlags, files []string) (*config.Store, *config.Plan, func(), error) {
+// planFromFlags reads -f paths and plans applying them to the store.
+func planFromFlags(cmd *cobra.Command, ef *storeFlags, files []string) (configPlan, func(), error) {
 	if len(files) == 0 {
-		return nil, nil, nil, &exitError{2, errors.New("-f PATH is required")}
+		return nil, nil, &exitError{2, errors.New("-f PATH is required")}
 	}
 	var docs []config.Document
 	for _, f := range files {
 		d, _, err := config.ReadDir(f)
 		if err != nil {
-			return nil, nil, nil, &exitError{1, err}
+			return nil, nil, &exitError{1, err}
 		}
 		docs = append(docs, d...)
 	}
-	cli, err := ef.client()
+	store, done, err := ef.open()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	store := &config.Store{Client: cli, Prefix: ef.prefix}
 	ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
 	defer cancel()
-	plan, err := store.PlanApply(ctx, docs, nil)
+	plan, err := store.Plan(ctx, docs)
 	if err != nil {
-		cli.Close()
+		done()
 		if _, ok := config.AsErrors(err); ok {
-			return nil, nil, nil, &exitError{1, fmt.Errorf("%w\nthe resulting configuration would be invalid; nothing was applied", err)}
+			return nil, nil, &exitError{1, fmt.Errorf("%w\nthe resulting configuration would be invalid; nothing was applied", err)}
 		}
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return store, plan, func() { cli.Close() }, nil
+	return plan, done, nil
 }
 
 func newConfigDiffCmd() *cobra.Command {
-	var ef etcdFlags
+	var ef storeFlags
 	var files []string
 	cmd := &cobra.Command{
 		Use:     "diff -f PATH --etcd ENDPOINTS",
@@ -252,7 +350,7 @@ func newConfigDiffCmd() *cobra.Command {
 		Example: "  meridian config diff -f deploy/examples --etcd 127.0.0.1:2379",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, plan, done, err := planFromFlags(cmd, &ef, files)
+			plan, done, err := planFromFlags(cmd, &ef, files)
 			if err != nil {
 				return err
 			}
@@ -267,7 +365,7 @@ func newConfigDiffCmd() *cobra.Command {
 }
 
 func newConfigApplyCmd() *cobra.Command {
-	var ef etcdFlags
+	var ef storeFlags
 	var files []string
 	var dryRun bool
 	cmd := &cobra.Command{
@@ -276,11 +374,14 @@ func newConfigApplyCmd() *cobra.Command {
 		Long: "Create or replace the objects in PATH. The whole resulting configuration is validated\n" +
 			"first; the changed objects are then written in one etcd transaction guarded by the revision\n" +
 			"that was read, so a concurrent apply makes this one fail with a conflict instead of losing\n" +
-			"an update. Objects not named in PATH are kept.",
-		Example: "  meridian config apply -f deploy/examples --etcd 127.0.0.1:2379 --dry-run",
+			"an update. Objects not named in PATH are kept. With --kubeconfig the objects are written to the\n" +
+			"cluster one by one, each with the resourceVersion that was read (and a guard ConfigMap first), so\n" +
+			"a concurrent apply or edit makes this one fail with a conflict: read again and retry.",
+		Example: "  meridian config apply -f deploy/examples --etcd 127.0.0.1:2379 --dry-run\n" +
+			"  meridian config apply -f deploy/examples/platform --kubeconfig ~/.kube/config --namespace meridian",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			store, plan, done, err := planFromFlags(cmd, &ef, files)
+			plan, done, err := planFromFlags(cmd, &ef, files)
 			if err != nil {
 				return err
 			}
@@ -293,11 +394,14 @@ func newConfigApplyCmd() *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
 			defer cancel()
-			rev, err := store.Commit(ctx, plan)
+			at, err := plan.Commit(ctx)
 			if err != nil {
+				if errors.Is(err, config.ErrConflict) {
+					return &exitError{1, fmt.Errorf("%w\nretry: run the command again to apply over the new state", err)}
+				}
 				return &exitError{1, err}
 			}
-			fmt.Fprintf(out, "applied %d change(s) at revision %d\n", len(plan.Changes), rev)
+			fmt.Fprintf(out, "applied %d change(s) %s\n", plan.Changes(), at)
 			return nil
 		},
 	}
@@ -305,4 +409,22 @@ func newConfigApplyCmd() *cobra.Command {
 	cmd.Flags().StringSliceVarP(&files, "filename", "f", nil, "files or directories to apply")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "validate and show the changes without writing")
 	return cmd
+}
+
+func newConfigCRDsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "crds",
+		Short: "Print the CustomResourceDefinitions the Kubernetes source reads",
+		Long: "Print, as one YAML stream, every CustomResourceDefinition the Kubernetes configuration source\n" +
+			"(--source kubernetes) reads: Meridian's kinds (meridian.dev: InferenceGatewayConfig, Tenant,\n" +
+			"Topology, StaticEndpoints), the HyperPod-style InferenceGatewayConfig\n" +
+			"(inference.sagemaker.aws.amazon.com), InferenceModelRewrite and InferenceObjective\n" +
+			"(inference.networking.x-k8s.io/v1alpha2) and GIE's InferencePool (inference.networking.k8s.io/v1).",
+		Example: "  meridian config crds | kubectl apply -f -",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := cmd.OutOrStdout().Write(kube.CRDs())
+			return err
+		},
+	}
 }

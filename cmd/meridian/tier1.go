@@ -39,8 +39,6 @@ func newTier1Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&t.ExtProc, "extproc", "", "address of the Envoy ext_proc endpoint picker (GIE protocol; conventional :9002; empty: off)")
 	cmd.Flags().StringSliceVar(&t.Peers, "peers", nil, "the other Tier-1 replicas of this cluster (their --health addresses), to share prefix-index events")
 	cmd.Flags().StringVar(&t.Discovery, "discovery", "static", "pod discovery: static (StaticEndpoints only) or kubernetes (also watch pods)")
-	cmd.Flags().StringVar(&t.Kubeconfig, "kubeconfig", "", "kubeconfig for --discovery kubernetes (default: in-cluster service account)")
-	cmd.Flags().StringVar(&t.Namespace, "namespace", "", "namespace whose pods to watch (default: the kubeconfig's, or this pod's)")
 	cmd.Flags().StringVar(&t.IdentityKeyFile, "identity-key-file", "", "file of the key Tier-2s sign x-meridian-tenant/x-meridian-band with (same file as tier2's); unsigned tenant or band headers are then refused (empty: trusted unsigned, keep Tier-1 unreachable except from Tier-2)")
 	cmd.Flags().DurationVar(&t.ScrapeInterval, "scrape-interval", 50*time.Millisecond, "how often each pod's metrics are polled")
 	cmd.Flags().DurationVar(&t.MaxMetricsAge, "max-metrics-age", time.Second, "a pod whose last scrape is older is avoided (all stale: fail open)")
@@ -52,6 +50,9 @@ func newTier1Cmd() *cobra.Command {
 
 func runTier1(ctx context.Context, f tier1Flags, log *slog.Logger) error {
 	applyGC(f.gcPercent, log)
+	// --kubeconfig and --namespace serve pod discovery and the
+	// Kubernetes configuration source alike.
+	f.tier1.Kubeconfig, f.tier1.Namespace = f.tier1.Source.Kubeconfig, f.tier1.Source.Namespace
 	inst, err := platform.StartTier1(ctx, f.tier1, log)
 	if err != nil {
 		return err

@@ -62,6 +62,7 @@ func newUpCmd() *cobra.Command {
 	cmd.Flags().StringSliceVar(&p.Etcd, "etcd", nil, "serve the configuration from etcd (seeded with --config or the example when the prefix is empty), so that 'meridian canary --etcd' can change it")
 	cmd.Flags().StringVar(&p.Prefix, "prefix", config.DefaultPrefix, "etcd key prefix (with --etcd)")
 	cmd.Flags().DurationVar(&p.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM or Ctrl-C, how long the Tier-2s wait for open requests (then each open stream gets a shutting_down event); Tier-1s and pods stop after them")
+	registerKubernetes(cmd, &p.Kubernetes, &p.Kubeconfig, &p.Namespace)
 	return cmd
 }
 
