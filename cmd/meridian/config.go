@@ -379,7 +379,7 @@ func newConfigApplyCmd() *cobra.Command {
 			"a concurrent apply or edit makes this one fail with a conflict: read again and retry.",
 		Example: "  meridian config apply -f deploy/examples --etcd 127.0.0.1:2379 --dry-run\n" +
 			"  meridian config apply -f deploy/examples/platform --kubeconfig ~/.kube/config --namespace meridian",
-		Args:    cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			plan, done, err := planFromFlags(cmd, &ef, files)
 			if err != nil {

@@ -169,7 +169,6 @@ func k8sPod(ns, name, ip string, ready bool, lbls map[string]string) corev1.Pod 
 	return p
 }
 
-
 // holdFinalizer keeps a deleted pod on the server, terminating, until
 // release.
 const holdFinalizer = "meridian.dev/test-hold"

@@ -36,7 +36,6 @@ func noLeaks(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t, before) })
 }
 
-
 // watcher runs Kubernetes.Run and hands each callback's set to the test.
 type watcher struct {
 	updates chan []Pod
