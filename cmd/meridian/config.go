@@ -412,19 +412,48 @@ func newConfigApplyCmd() *cobra.Command {
 }
 
 func newConfigCRDsCmd() *cobra.Command {
-	return &cobra.Command{
+	var kubeconfig string
+	cmd := &cobra.Command{
 		Use:   "crds",
 		Short: "Print the CustomResourceDefinitions the Kubernetes source reads",
 		Long: "Print, as one YAML stream, every CustomResourceDefinition the Kubernetes configuration source\n" +
 			"(--source kubernetes) reads: Meridian's kinds (meridian.dev: InferenceGatewayConfig, Tenant,\n" +
 			"Topology, StaticEndpoints), the HyperPod-style InferenceGatewayConfig\n" +
 			"(inference.sagemaker.aws.amazon.com), InferenceModelRewrite and InferenceObjective\n" +
-			"(inference.networking.x-k8s.io/v1alpha2) and GIE's InferencePool (inference.networking.k8s.io/v1).",
-		Example: "  meridian config crds | kubectl apply -f -",
-		Args:    cobra.NoArgs,
+			"(inference.networking.x-k8s.io/v1alpha2) and GIE's InferencePool (inference.networking.k8s.io/v1).\n" +
+			"With --kubeconfig, definitions the cluster already has that Meridian did not install (llm-d's\n" +
+			"InferenceObjective, GIE's own InferencePool) are left out, and named on stderr.",
+		Example: "  meridian config crds | kubectl apply -f -\n" +
+			"  meridian config crds --kubeconfig ~/.kube/config | kubectl apply -f -",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := cmd.OutOrStdout().Write(kube.CRDs())
-			return err
+			docs := kube.CRDDocuments()
+			if kubeconfig != "" {
+				clients, _, err := kube.Connect(kubeconfig, "", "meridian-config")
+				if err != nil {
+					return err
+				}
+				ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+				defer cancel()
+				var foreign []string
+				if docs, foreign, err = kube.NotInstalledByOthers(ctx, clients.Dynamic, docs); err != nil {
+					return err
+				}
+				for _, f := range foreign {
+					fmt.Fprintf(cmd.ErrOrStderr(), "left out %s: the cluster has it from another owner; Meridian reads its objects through it\n", f)
+				}
+			}
+			for i, d := range docs {
+				if i > 0 {
+					fmt.Fprintln(cmd.OutOrStdout(), "---")
+				}
+				if _, err := cmd.OutOrStdout().Write(d); err != nil {
+					return err
+				}
+			}
+			return nil
 		},
 	}
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "leave out the definitions this cluster already has from another owner")
+	return cmd
 }

@@ -445,3 +445,35 @@ func TestKubernetesPlatform(t *testing.T) {
 		}
 	})
 }
+
+// Where the cluster already has a definition from another owner (here an
+// InferenceObjective installed without Meridian's label, as llm-d's
+// would be), `config crds --kubeconfig` leaves it out rather than
+// replace it.
+func TestKubernetesCRDsLeaveOthersAlone(t *testing.T) {
+	s := kubetest.Start(t, kubetest.Options{})
+	var theirs []byte
+	for _, d := range kube.CRDDocuments() {
+		if bytes.Contains(d, []byte("name: inferenceobjectives.inference.networking.x-k8s.io\n")) {
+			theirs = bytes.Replace(d, []byte("app.kubernetes.io/part-of: meridian"), []byte("app.kubernetes.io/part-of: llm-d"), 1)
+		}
+	}
+	s.InstallCRDs([][]byte{theirs})
+	root := newRootCmd()
+	var out, errOut bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs([]string{"config", "crds", "--kubeconfig", s.Kubeconfig(kubetest.Admin, "default")})
+	if err := root.ExecuteContext(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "name: inferenceobjectives.inference.networking.x-k8s.io\n") {
+		t.Error("config crds --kubeconfig prints the definition another owner installed")
+	}
+	if n := strings.Count(out.String(), "kind: CustomResourceDefinition\n"); n != len(kube.CRDDocuments())-1 {
+		t.Errorf("%d definitions printed, want %d", n, len(kube.CRDDocuments())-1)
+	}
+	if !strings.Contains(errOut.String(), "left out inferenceobjectives.inference.networking.x-k8s.io") {
+		t.Errorf("stderr does not name what was left out: %q", errOut.String())
+	}
+}

@@ -141,7 +141,7 @@ func definition(r kube.Resource, schema apiextensionsv1.JSONSchemaProps) ([]byte
 		TypeMeta: metav1.TypeMeta{APIVersion: apiextensionsv1.SchemeGroupVersion.String(), Kind: "CustomResourceDefinition"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:   kindPlural + "." + r.Group,
-			Labels: map[string]string{"app.kubernetes.io/part-of": "meridian"},
+			Labels: map[string]string{kube.PartOfLabel: "meridian"},
 		},
 		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
 			Group: r.Group,
