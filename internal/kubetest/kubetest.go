@@ -26,6 +26,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -304,33 +305,60 @@ func (s *Server) Namespace(name string) {
 
 // Grant gives user the verbs on resources (of API group group, "" for
 // the core group) in namespace, through a Role and a RoleBinding both
-// named name; Revoke deletes the binding.
+// named name, and returns once the API server's authorizer allows them;
+// Revoke deletes the binding.
 func (s *Server) Grant(name, namespace, user, group string, resources, verbs []string) {
+	s.t.Helper()
+	s.GrantRules(name, namespace, user, []rbacv1.PolicyRule{{APIGroups: []string{group}, Resources: resources, Verbs: verbs}})
+}
+
+// Revoke deletes the RoleBinding name that Grant made, and returns once
+// the API server's authorizer refuses what it allowed.
+func (s *Server) Revoke(name, namespace string) {
 	s.t.Helper()
 	ctx := context.Background()
 	c := s.Client(Admin).RbacV1()
-	role := &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{group}, Resources: resources, Verbs: verbs}},
+	b, err := c.RoleBindings(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatalf("kubetest: revoke %s: %v", name, err)
 	}
-	if _, err := c.Roles(namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		s.t.Fatalf("kubetest: role %s: %v", name, err)
+	role, err := c.Roles(namespace).Get(ctx, b.RoleRef.Name, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatalf("kubetest: revoke %s: %v", name, err)
 	}
-	binding := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	if err := c.RoleBindings(namespace).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		s.t.Fatalf("kubetest: revoke %s: %v", name, err)
 	}
-	if _, err := c.RoleBindings(namespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		s.t.Fatalf("kubetest: role binding %s: %v", name, err)
+	for _, subj := range b.Subjects {
+		s.waitAuthorized(namespace, subj.Name, role.Rules, false)
 	}
 }
 
-// Revoke deletes the RoleBinding name that Grant made.
-func (s *Server) Revoke(name, namespace string) {
+// waitAuthorized polls the authorizer (SubjectAccessReview) until user
+// is allowed (or, with allowed false, refused) the first verb on the
+// first resource of every rule: RBAC changes reach the authorizer
+// through its own informers, a moment after the write.
+func (s *Server) waitAuthorized(namespace, user string, rules []rbacv1.PolicyRule, allowed bool) {
 	s.t.Helper()
-	if err := s.Client(Admin).RbacV1().RoleBindings(namespace).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
-		s.t.Fatalf("kubetest: revoke %s: %v", name, err)
+	c := s.Client(Admin).AuthorizationV1().SubjectAccessReviews()
+	deadline := time.Now().Add(StartTimeout)
+	for _, r := range rules {
+		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: namespace, Verb: r.Verbs[0], Group: r.APIGroups[0], Resource: r.Resources[0],
+			},
+		}}
+		for {
+			got, err := c.Create(context.Background(), review, metav1.CreateOptions{})
+			if err == nil && got.Status.Allowed == allowed {
+				break
+			}
+			if time.Now().After(deadline) {
+				s.t.Fatalf("kubetest: %s still %v to %s %s after %s (%v)", user, !allowed, r.Verbs[0], r.Resources[0], StartTimeout, err)
+			}
+			time.Sleep(10 * time.Millisecond) // a polling interval
+		}
 	}
 }
 
@@ -455,6 +483,7 @@ func (s *Server) GrantRules(name, namespace, user string, rules []rbacv1.PolicyR
 	if _, err := c.RoleBindings(namespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		s.t.Fatalf("kubetest: role binding %s: %v", name, err)
 	}
+	s.waitAuthorized(namespace, user, rules, true)
 }
 
 // InstallCRDs creates the CustomResourceDefinitions of docs (YAML, one
