@@ -67,6 +67,7 @@ type Source struct {
 	informers []watched
 	trigger   chan struct{}
 	stop      context.CancelFunc
+	running   sync.WaitGroup // the informers
 
 	mu       sync.Mutex
 	lastErr  error
@@ -144,6 +145,7 @@ func (s *Source) Start(ctx context.Context) error {
 			},
 		}); err != nil {
 			cancel()
+			s.running.Wait()
 			return err
 		}
 		res := r
@@ -152,10 +154,11 @@ func (s *Source) Start(ctx context.Context) error {
 				"resource", res.Resource+"."+res.Group, "namespace", s.Namespace, "error", err)
 		}); err != nil {
 			cancel()
+			s.running.Wait()
 			return err
 		}
 		s.informers = append(s.informers, watched{Resource: r, inf: inf})
-		go inf.RunWithContext(runCtx)
+		s.running.Go(func() { inf.RunWithContext(runCtx) })
 	}
 	to := s.StartTimeout
 	if to <= 0 {
@@ -166,11 +169,13 @@ func (s *Source) Start(ctx context.Context) error {
 	for _, w := range s.informers {
 		if !cache.WaitForCacheSync(syncCtx.Done(), w.inf.HasSynced) {
 			cancel()
+			s.running.Wait()
 			return fmt.Errorf("config: kubernetes: %s in namespace %s not listed within %s: %w", w.Resource.Resource, s.Namespace, to, syncCtx.Err())
 		}
 	}
 	if err := s.rebuild(ctx); err != nil {
 		cancel()
+		s.running.Wait()
 		return err
 	}
 	return nil
@@ -196,10 +201,11 @@ func (s *Source) poke() {
 	}
 }
 
-// Run rebuilds on every change until ctx ends, then stops the informers
-// and closes subscriptions.
+// Run rebuilds on every change until ctx ends, then stops the informers,
+// waits for them to end and closes subscriptions.
 func (s *Source) Run(ctx context.Context) {
 	defer s.Close()
+	defer s.running.Wait()
 	defer s.stop()
 	for {
 		select {
