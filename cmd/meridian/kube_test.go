@@ -366,6 +366,59 @@ func TestKubernetesPlatform(t *testing.T) {
 		}
 	})
 
+	t.Run("an object Meridian refuses is reported and changes nothing", func(t *testing.T) {
+		var tier2 string
+		for _, m := range p.Metrics {
+			if m.Labels["job"] == "meridian-tier2" && m.Labels["region"] == "us-east-1" {
+				tier2 = "http://" + m.Addr + "/metrics"
+			}
+		}
+		invalid := func() string {
+			resp, err := http.Get(tier2)
+			if err != nil {
+				return ""
+			}
+			defer resp.Body.Close()
+			var b bytes.Buffer
+			b.ReadFrom(resp.Body)
+			for _, l := range strings.Split(b.String(), "\n") {
+				if strings.HasPrefix(l, `meridian_config_reloads_total{result="invalid"}`) {
+					return l
+				}
+			}
+			return ""
+		}
+		before := invalid()
+		// The definition allows any number; Meridian wants weight ≥ 0.
+		kubeEdit(t, s, gvrOf(config.KindTenant, kube.GroupMeridian), "team-a", func(u *unstructured.Unstructured) {
+			unstructured.SetNestedField(u.Object, int64(-1), "spec", "weight")
+		})
+		testkit.Eventually(t, "the refusal counted at Tier-2", func() bool { return invalid() != before })
+		var event string
+		testkit.Eventually(t, "a Warning Event on the tenant", func() bool {
+			l, err := s.Client(kubetest.Admin).CoreV1().Events(kubeNS).List(context.Background(), metav1.ListOptions{})
+			if err != nil {
+				return false
+			}
+			for _, ev := range l.Items {
+				if ev.InvolvedObject.Kind == config.KindTenant && ev.InvolvedObject.Name == "team-a" && ev.Reason == "Invalid" {
+					event = ev.Message
+					return true
+				}
+			}
+			return false
+		})
+		if !strings.Contains(event, "Tenant/team-a: spec.weight: must be ≥ 0, got -1") {
+			t.Errorf("event: %s", event)
+		}
+		if _, err := servedKube(p, "us-east-1", "after-refusal"); err != nil {
+			t.Fatalf("a request after the refusal: %v", err)
+		}
+		kubeEdit(t, s, gvrOf(config.KindTenant, kube.GroupMeridian), "team-a", func(u *unstructured.Unstructured) {
+			unstructured.RemoveNestedField(u.Object, "spec", "weight")
+		})
+	})
+
 	canaryCmd := func(args ...string) (string, error) {
 		return runMeridian(t, append(append([]string{"canary"}, args...), "--kubeconfig", kc)...)
 	}
