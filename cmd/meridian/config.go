@@ -158,7 +158,7 @@ func newConfigValidateCmd() *cobra.Command {
 	var ef storeFlags
 	cmd := &cobra.Command{
 		Use:   "validate [PATH...]",
-		Short: "Check configuration files (or what etcd holds) without applying them",
+		Short: "Check configuration files (or what etcd or the cluster holds) without applying them",
 		Long: "Decode every YAML file under each PATH strictly and validate the whole configuration\n" +
 			"(fields and the relations between documents). Every problem is reported, each with its\n" +
 			"file and field path. Exits 1 when the configuration is invalid.",
@@ -202,6 +202,9 @@ func newConfigValidateCmd() *cobra.Command {
 				ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
 				defer cancel()
 				s, err := store.Load(ctx)
+				if err == nil && len(s.Objects) == 0 {
+					err = fmt.Errorf("%s: no Meridian objects found", store.Name())
+				}
 				if err != nil {
 					failed = true
 					fmt.Fprintln(cmd.ErrOrStderr(), err)

@@ -54,19 +54,6 @@ func kubeEnv(t *testing.T) (*kubetest.Server, string) {
 	return s, s.Kubeconfig(kubeUser, kubeNS)
 }
 
-// runMeridian runs the meridian command line with args and returns its
-// output.
-func runMeridian(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	root := newRootCmd()
-	var out bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&out)
-	root.SetArgs(args)
-	err := root.ExecuteContext(context.Background())
-	return out.String(), err
-}
-
 // `meridian config crds` prints every definition the source reads, and
 // config apply, diff, get and validate work on the cluster's objects.
 func TestKubernetesConfigCommands(t *testing.T) {
