@@ -12,4 +12,4 @@
 // does.
 package kube
 
-//go:generate go run ./crdgen -out crds
+//go:generate go run ./crdgen -out crds -out ../../deploy/helm/meridian/crds

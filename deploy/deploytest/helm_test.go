@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meridian-router/meridian/config"
+	"github.com/meridian-router/meridian/config/kube"
 	promdeploy "github.com/meridian-router/meridian/deploy/prometheus"
 )
 
@@ -42,8 +43,8 @@ const (
 // cmd/meridian; --prefix from the shared configuration-source flags). A rendered argument outside these
 // fails the test.
 var tierFlags = map[string][]string{
-	"tier1": {"--config", "--etcd", "--prefix", "--cache", "--cluster", "--region", "--listen", "--extproc", "--health", "--metrics", "--peers"},
-	"tier2": {"--config", "--etcd", "--prefix", "--cache", "--region", "--listen", "--gossip-bind", "--join", "--metrics"},
+	"tier1": {"--config", "--etcd", "--source", "--prefix", "--cache", "--cluster", "--region", "--listen", "--extproc", "--health", "--metrics", "--peers"},
+	"tier2": {"--config", "--etcd", "--source", "--prefix", "--cache", "--region", "--listen", "--gossip-bind", "--join", "--metrics"},
 }
 
 // manifests is one rendering of the chart, decoded.
@@ -265,6 +266,11 @@ func renderings(t *testing.T) map[string]map[string]any {
 	}
 	for _, p := range paths {
 		out[filepath.Base(p)] = readValues(t, p)
+	}
+	out["kubernetes source"] = map[string]any{
+		"region":  "us-east-1",
+		"cluster": "us-east-1a",
+		"config":  map[string]any{"source": "kubernetes"},
 	}
 	out["defaults with chart-made ConfigMap"] = map[string]any{
 		"region":  "us-east-1",
@@ -543,8 +549,8 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment, tier string) {
 	if seen["--etcd"] && !seen["--cache"] {
 		t.Errorf("Deployment %s: etcd source without --cache: the default cache directory is not writable (read-only root file system)", d.Name)
 	}
-	if seen["--config"] == seen["--etcd"] {
-		t.Errorf("Deployment %s: exactly one of --config and --etcd, got %v", d.Name, ctr.Args)
+	if n := btoi(seen["--config"]) + btoi(seen["--etcd"]) + btoi(seen["--source"]); n != 1 {
+		t.Errorf("Deployment %s: exactly one of --config, --etcd and --source, got %v", d.Name, ctr.Args)
 	}
 	for _, must := range map[string][]string{"tier1": {"--cluster", "--health", "--metrics"}, "tier2": {"--region", "--listen", "--gossip-bind", "--join", "--metrics"}}[tier] {
 		if !seen[must] {
@@ -788,6 +794,65 @@ func checkPeers(t *testing.T, s *appsv1.StatefulSet, hpas []*autoscalingv2.Horiz
 		name := fmt.Sprintf("%s-%d.%s.%s.svc.cluster.local:%d", s.Name, i, s.Spec.ServiceName, namespace, health)
 		if p != name {
 			t.Errorf("StatefulSet %s: peer %d is %s, want %s", s.Name, i, p, name)
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// With config.source=kubernetes the chart's service account may do what
+// the Kubernetes configuration source reads (kube.ReaderRules), and what
+// Tier-2's canary analysis writes: InferenceModelRewrites and the guard
+// ConfigMap.
+func TestChartKubernetesSourceRBAC(t *testing.T) {
+	out, err := render(loadChart(t), map[string]any{"region": "us-east-1", "cluster": "us-east-1a", "config": map[string]any{"source": "kubernetes"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, errs := decode(out)
+	for _, err := range errs {
+		t.Fatal(err)
+	}
+	var role *rbacv1.Role
+	for _, r := range m.roles {
+		if r.Name == "meridian-config" {
+			role = r
+		}
+	}
+	if role == nil {
+		t.Fatal("no Role meridian-config")
+	}
+	bound := false
+	for _, b := range m.roleBindings {
+		bound = bound || b.RoleRef.Name == role.Name
+	}
+	if !bound {
+		t.Error("Role meridian-config is not bound")
+	}
+	allows := func(group, resource, verb string) bool {
+		for _, r := range role.Rules {
+			if slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb) {
+				return true
+			}
+		}
+		return false
+	}
+	need := kube.ReaderRules()
+	need = append(need,
+		rbacv1.PolicyRule{APIGroups: []string{"inference.networking.x-k8s.io"}, Resources: []string{"inferencemodelrewrites"}, Verbs: []string{"update"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create", "update"}})
+	for _, r := range need {
+		for _, res := range r.Resources {
+			for _, v := range r.Verbs {
+				if !allows(r.APIGroups[0], res, v) {
+					t.Errorf("Role meridian-config does not allow %s on %s.%s", v, res, r.APIGroups[0])
+				}
+			}
 		}
 	}
 }

@@ -1,5 +1,6 @@
 // Command crdgen writes the CustomResourceDefinitions of the Kubernetes
-// configuration source into config/kube/crds: Meridian's kinds (and the
+// configuration source into config/kube/crds (which `meridian config
+// crds` prints) and the Helm chart's crds/: Meridian's kinds (and the
 // HyperPod-style InferenceGatewayConfig) from the Go types of package
 // config and their +kubebuilder markers, through controller-tools, and
 // GIE's InferencePool copied from the upstream module the build uses.
@@ -38,11 +39,14 @@ const (
 )
 
 func main() {
-	out := flag.String("out", "crds", "directory to write the definitions into")
+	var outs []string
+	flag.Func("out", "a directory to write the definitions into (repeatable)", func(d string) error { outs = append(outs, d); return nil })
 	flag.Parse()
 	files, err := generate()
-	if err == nil {
-		err = write(*out, files)
+	for _, out := range outs {
+		if err == nil {
+			err = write(out, files)
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crdgen:", err)

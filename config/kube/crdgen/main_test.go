@@ -9,15 +9,20 @@ import (
 )
 
 // TestCRDsUpToDate regenerates the definitions and compares them with
-// the committed ones in config/kube/crds: a change to the configuration
-// types, their markers or the GIE module's InferencePool must come with
-// `go generate ./config/kube`.
+// the committed ones in config/kube/crds and the Helm chart's crds/: a
+// change to the configuration types, their markers or the GIE module's
+// InferencePool must come with `go generate ./config/kube`.
 func TestCRDsUpToDate(t *testing.T) {
 	files, err := generate()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join("..", "crds")
+	for _, dir := range []string{filepath.Join("..", "crds"), filepath.Join("..", "..", "..", "deploy", "helm", "meridian", "crds")} {
+		t.Run(filepath.ToSlash(dir), func(t *testing.T) { upToDate(t, dir, files) })
+	}
+}
+
+func upToDate(t *testing.T, dir string, files map[string][]byte) {
 	committed, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
 		t.Fatal(err)

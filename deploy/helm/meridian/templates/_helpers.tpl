@@ -56,8 +56,11 @@ while etcd is unreachable still serves. */}}
 - --cache=/var/cache/meridian/config.json
 {{- else if eq .Values.config.source "configMap" }}
 - --config=/etc/meridian/config
+{{- else if eq .Values.config.source "kubernetes" }}
+{{- /* The objects of the release's namespace, through the service account. */}}
+- --source=kubernetes
 {{- else }}
-{{- fail (printf "config.source must be configMap or etcd, not %q" .Values.config.source) }}
+{{- fail (printf "config.source must be configMap, etcd or kubernetes, not %q" .Values.config.source) }}
 {{- end }}
 {{- end -}}
 
