@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -368,5 +369,41 @@ spec: {limits: {requests: {limit: `+limit+`, per: 1m}}}`))
 	}
 	if _, err := s.Commit(ctx, b); err != nil {
 		t.Fatalf("re-planned commit: %v", err)
+	}
+}
+
+// An object the API server's schema lets through but Meridian cannot
+// decode (a duration that is no duration) makes Load fail naming it, and
+// an apply that replaces it goes through.
+func TestKubernetesStoreReplacesAnUndecodableObject(t *testing.T) {
+	e := startEnv(t)
+	e.apply(t, exampleDocs(t))
+	ctx := context.Background()
+	tenants := e.operator.Dynamic.Resource(resourceOf(t, schema.GroupVersion{Group: kube.GroupMeridian, Version: "v1alpha1"}, config.KindTenant)).Namespace(ns)
+	u, err := tenants.Get(ctx, "batch-jobs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedMap(u.Object, map[string]any{"limit": int64(5), "per": "soon"}, "spec", "limits", "requests"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenants.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("the API server refused a string where its schema wants one: %v", err)
+	}
+	_, err = e.store().Load(ctx)
+	if err == nil || !strings.Contains(err.Error(), `meridian/tenants.meridian.dev/batch-jobs: Tenant/batch-jobs: spec.limits.requests.per: invalid duration "soon"`) {
+		t.Fatalf("Load: %v, want the undecodable tenant named", err)
+	}
+	docs, errs := config.Decode("fix.yaml", []byte("apiVersion: meridian.dev/v1alpha1\nkind: Tenant\nmetadata: {name: batch-jobs}\nspec: {limits: {requests: {limit: 5, per: 1m}}}\n"))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	e.apply(t, docs)
+	snap, err := e.store().Load(ctx)
+	if err != nil {
+		t.Fatalf("Load after the fix: %v", err)
+	}
+	if r := snap.Tenant("batch-jobs").Spec.Limits.Requests; r == nil || r.Per.D() != time.Minute {
+		t.Fatalf("batch-jobs after the fix: %+v", r)
 	}
 }

@@ -34,11 +34,13 @@ type Store struct {
 	Namespace string
 }
 
-// current is one object as read from the API server.
+// current is one object as read from the API server: its document, or
+// why it does not decode.
 type current struct {
-	r   Resource
-	u   *unstructured.Unstructured
-	doc config.Document
+	r    Resource
+	u    *unstructured.Unstructured
+	doc  config.Document
+	errs config.Errors
 }
 
 // state is every object of the namespace at one read.
@@ -48,13 +50,23 @@ type state struct {
 	revision int64
 }
 
+// problems are the decoding errors of the objects keep selects.
+func (st *state) problems(keep func(config.ObjectKey) bool) config.Errors {
+	var errs config.Errors
+	for _, k := range slices.SortedFunc(maps.Keys(st.objects), compareKeys) {
+		if keep(k) {
+			errs = append(errs, st.objects[k].errs...)
+		}
+	}
+	return errs
+}
+
 func (s *Store) read(ctx context.Context) (*state, error) {
 	served, err := Served(s.Client.Discovery(), nil)
 	if err != nil {
 		return nil, err
 	}
 	st := &state{objects: map[config.ObjectKey]current{}}
-	var errs config.Errors
 	seen := map[string]bool{}
 	for _, r := range served {
 		l, err := s.Dynamic.Resource(r.GroupVersionResource).Namespace(s.Namespace).List(ctx, metav1.ListOptions{LabelSelector: r.LabelSelector})
@@ -68,11 +80,21 @@ func (s *Store) read(ctx context.Context) (*state, error) {
 				continue
 			}
 			seen[string(u.GetUID())] = true
-			docs, e := documentOf(r, u)
-			errs = append(errs, e...)
-			for _, d := range docs {
-				st.objects[d.Key] = current{r: r, u: u, doc: d}
+			// An object that does not decode is kept under its kind and
+			// name, so that an apply of that object can replace it.
+			key := config.ObjectKey{Kind: r.Kind, Name: u.GetName()}
+			c := current{r: r, u: u}
+			docs, errs := documentOf(r, u)
+			if len(docs) == 1 && len(errs) == 0 {
+				c.doc = docs[0]
+			} else {
+				c.errs = errs
 			}
+			if prev, ok := st.objects[key]; ok {
+				c.errs = append(c.errs, config.FieldError{Origin: Origin(r, u.GetNamespace(), u.GetName()), Object: key.String(),
+					Path: "metadata.name", Msg: "duplicate: " + key.String() + " is also defined as " + Origin(prev.r, u.GetNamespace(), u.GetName())})
+			}
+			st.objects[key] = c
 		}
 	}
 	guard, err := s.Client.CoreV1().ConfigMaps(s.Namespace).Get(ctx, GuardName, metav1.GetOptions{})
@@ -82,9 +104,6 @@ func (s *Store) read(ctx context.Context) (*state, error) {
 	case !apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("config: kubernetes: read %s: %w", GuardName, err)
 	}
-	if len(errs) > 0 {
-		return st, errs
-	}
 	return st, nil
 }
 
@@ -93,6 +112,9 @@ func (s *Store) Load(ctx context.Context) (*config.Snapshot, error) {
 	st, err := s.read(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if errs := st.problems(func(config.ObjectKey) bool { return true }); len(errs) > 0 {
+		return nil, errs
 	}
 	docs := make([]config.Document, 0, len(st.objects))
 	for _, k := range slices.SortedFunc(maps.Keys(st.objects), compareKeys) {
@@ -123,7 +145,7 @@ func (s *Store) PlanApply(ctx context.Context, docs []config.Document, deletes [
 	}
 	next := make(map[config.ObjectKey]config.Document, len(st.objects)+len(docs))
 	for k, c := range st.objects {
-		next[k] = c.doc
+		next[k] = c.doc // empty for an object that does not decode
 	}
 	for _, d := range docs {
 		if _, err := resourceFor(d); err != nil {
@@ -132,10 +154,15 @@ func (s *Store) PlanApply(ctx context.Context, docs []config.Document, deletes [
 		next[d.Key] = d
 	}
 	for _, k := range deletes {
-		if _, ok := next[k]; !ok {
+		if _, ok := st.objects[k]; !ok {
 			return nil, fmt.Errorf("config: delete %s: not found in namespace %s", k, s.Namespace)
 		}
 		delete(next, k)
+	}
+	// Objects that do not decode are refused unless this plan replaces
+	// or deletes them.
+	if errs := st.problems(func(k config.ObjectKey) bool { _, kept := next[k]; return kept && !replaced(docs, k) }); len(errs) > 0 {
+		return nil, errs
 	}
 	all := make([]config.Document, 0, len(next))
 	for _, k := range slices.SortedFunc(maps.Keys(next), compareKeys) {
@@ -164,6 +191,10 @@ func (s *Store) PlanApply(ctx context.Context, docs []config.Document, deletes [
 	return p, nil
 }
 
+func replaced(docs []config.Document, k config.ObjectKey) bool {
+	return slices.ContainsFunc(docs, func(d config.Document) bool { return d.Key == k })
+}
+
 // Mutate reads the namespace's configuration, lets fn change one object
 // and plans the write, as config.Store.Mutate does for etcd.
 func (s *Store) Mutate(ctx context.Context, key config.ObjectKey, fn func(cur []byte) ([]byte, error)) (*Plan, error) {
@@ -174,6 +205,9 @@ func (s *Store) Mutate(ctx context.Context, key config.ObjectKey, fn func(cur []
 	var cur []byte
 	origin := "kubernetes"
 	if c, ok := st.objects[key]; ok {
+		if len(c.errs) > 0 {
+			return nil, c.errs
+		}
 		cur = c.doc.JSON
 		origin = c.doc.Origin
 	}
