@@ -14,10 +14,11 @@ import (
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/prometheus/model/relabel"
-	"helm.sh/helm/v3/pkg/chart"
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v4/pkg/chart/common"
+	chartutil "helm.sh/helm/v4/pkg/chart/common/util"
+	chart "helm.sh/helm/v4/pkg/chart/v2"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -78,8 +79,8 @@ func loadChart(t *testing.T) *chart.Chart {
 // render renders the chart with vals the way `helm install -n meridian`
 // would, strict about missing values.
 func render(c *chart.Chart, vals map[string]any) (map[string]string, error) {
-	opts := chartutil.ReleaseOptions{Name: "meridian", Namespace: namespace, Revision: 1, IsInstall: true}
-	rv, err := chartutil.ToRenderValuesWithSchemaValidation(c, vals, opts, chartutil.DefaultCapabilities, false)
+	opts := common.ReleaseOptions{Name: "meridian", Namespace: namespace, Revision: 1, IsInstall: true}
+	rv, err := chartutil.ToRenderValuesWithSchemaValidation(c, vals, opts, common.DefaultCapabilities, false)
 	if err != nil {
 		return nil, err
 	}
@@ -221,7 +222,7 @@ func readValues(t *testing.T, path string) map[string]any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vals, err := chartutil.ReadValues(data)
+	vals, err := common.ReadValues(data)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
