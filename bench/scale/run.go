@@ -321,9 +321,6 @@ func run(ctx context.Context, o options, logw io.Writer) (*Result, error) {
 	runtime.ReadMemStats(&mem)
 	res.HeapPerInstanceMiB = float64(mem.HeapAlloc) / float64(len(insts)) / (1 << 20)
 	res.DigestConvergenceP50, res.DigestConvergenceP99, res.DigestSamples, res.DigestUnconverged = tracker.quantiles()
-	logf("steady: out %.1f kB/s, in %.1f kB/s (largest instance), digest P99 %.2f s, worst ratio %.3f",
-		res.BytesOutPerS/1e3, res.BytesInPerS/1e3, res.DigestConvergenceP99, res.RatelimitWorstRatio)
-
 	res.ReconvergenceS = -1
 	res.RatelimitWorstRatio = 1
 	for _, v := range []float64{res.RatelimitMinRatio, res.RatelimitMaxRatio} {
@@ -331,6 +328,9 @@ func run(ctx context.Context, o options, logw io.Writer) (*Result, error) {
 			res.RatelimitWorstRatio = v
 		}
 	}
+	logf("steady: out %.1f kB/s, in %.1f kB/s (largest instance), digest P99 %.2f s, worst ratio %.3f",
+		res.BytesOutPerS/1e3, res.BytesInPerS/1e3, res.DigestConvergenceP99, res.RatelimitWorstRatio)
+
 	if o.CutFor <= 0 || o.Regions < 2 {
 		return res, nil
 	}
