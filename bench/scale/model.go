@@ -55,5 +55,3 @@ func costModel(o options, activeLimits int) model {
 	m.PushPullBytesPerS = 2 * (n*l*32 + pools*140) / pushPull
 	return m
 }
-
-

@@ -46,10 +46,10 @@ type Result struct {
 	// demand.
 	PeersFresh float64 `json:"ratelimit_peers_fresh"`
 
-	SyncP50Ms         float64 `json:"sync_p50_ms"`
-	SyncP99Ms         float64 `json:"sync_p99_ms"`
-	CPUPerSyncMs      float64 `json:"cpu_per_sync_ms"` // process CPU ÷ syncs: everything an instance does per interval
-	CPUBusy           float64 `json:"cpu_busy"`        // process CPU seconds per wall second (2 cores: at most 2)
+	SyncP50Ms          float64 `json:"sync_p50_ms"`
+	SyncP99Ms          float64 `json:"sync_p99_ms"`
+	CPUPerSyncMs       float64 `json:"cpu_per_sync_ms"` // process CPU ÷ syncs: everything an instance does per interval
+	CPUBusy            float64 `json:"cpu_busy"`        // process CPU seconds per wall second (2 cores: at most 2)
 	HeapPerInstanceMiB float64 `json:"heap_per_instance_mib"`
 
 	DigestConvergenceP50 float64 `json:"digest_convergence_p50_s"`
