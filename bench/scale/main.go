@@ -29,6 +29,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -74,7 +75,18 @@ func main() {
 	asJSON := flag.Bool("json", false, "print one JSON object instead of the table")
 	sweep := flag.String("sweep", "", "comma-separated instance counts to run in turn (Regions: instances/5, at least 1); with -plot draws the curves")
 	plotDir := flag.String("plot", "", "directory to write the sweep's PNG plots into")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	log.SetFlags(0)
 	if o.Regions < 1 || o.Instances < o.Regions {
 		log.Fatal("scale: need 1 ≤ regions ≤ instances")
