@@ -593,10 +593,14 @@ func (l *Limiter) split(e *entry) [][]byte {
 		// (hashes spread limits over the parts unevenly).
 		room := max(l.cfg.MaxPayload-2-len(appendEntry(nil, &entry{origin: e.origin, seq: e.seq, parts: 1})), reportSize)
 		n = max(1, uint64((len(e.limits)*reportSize+room-1)/room))
+		hashes := make([]uint64, 0, len(e.limits))
+		for h := range e.limits {
+			hashes = append(hashes, h)
+		}
 		var counts []int
-		for ; n < uint64(len(e.limits)); n++ {
+		for ; n < uint64(len(hashes)); n++ {
 			counts = append(counts[:0], make([]int, n)...)
-			for h := range e.limits {
+			for _, h := range hashes {
 				counts[h%n]++
 			}
 			fits := true

@@ -132,13 +132,13 @@ func main() {
 }
 
 func printTable(w io.Writer, rs []*Result) {
-	fmt.Fprintf(w, "%9s %7s %6s %11s %11s %9s %9s %10s %10s %9s %10s %10s %8s %8s %9s %8s\n",
+	fmt.Fprintf(w, "%9s %7s %6s %11s %11s %9s %9s %10s %10s %9s %10s %10s %8s %8s %7s %7s %8s\n",
 		"instances", "regions", "limits", "in kB/s", "out kB/s", "pkts in/s", "pkts out/s", "model kB/s", "sync p50", "heap MiB",
-		"dig p50 s", "dig p99 s", "rl worst", "rl min", "reconv s", "cpu busy")
+		"dig p50 s", "dig p99 s", "rl worst", "rl min", "back s", "fresh s", "cpu busy")
 	for _, r := range rs {
-		fmt.Fprintf(w, "%9d %7d %6d %11.1f %11.1f %9.0f %9.0f %10.1f %10s %9.1f %10.2f %10.2f %8.3f %8.3f %9.1f %8.2f\n",
+		fmt.Fprintf(w, "%9d %7d %6d %11.1f %11.1f %9.0f %9.0f %10.1f %10s %9.1f %10.2f %10.2f %8.3f %8.3f %7.1f %7.1f %8.2f\n",
 			r.Options.Instances, r.Options.Regions, r.ActiveLimitsReal, r.BytesInPerS/1e3, r.BytesOutPerS/1e3, r.PacketsInPerS, r.PacketsOutPerS,
 			r.Model.GossipCapBytesPerS/1e3+r.Model.PushPullBytesPerS/1e3, time.Duration(r.SyncP50Ms*1e6).Round(time.Microsecond), r.HeapPerInstanceMiB,
-			r.DigestConvergenceP50, r.DigestConvergenceP99, r.RatelimitWorstRatio, r.RatelimitMinRatio, r.ReconvergenceS, r.CPUBusy)
+			r.DigestConvergenceP50, r.DigestConvergenceP99, r.RatelimitWorstRatio, r.RatelimitMinRatio, r.MembersBackS, r.PeersFreshS, r.CPUBusy)
 	}
 }

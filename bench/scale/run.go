@@ -70,6 +70,11 @@ type Result struct {
 	// the heal for every sampled pool, and has a fresh report of every
 	// peer. -1: not within -reconverge-max.
 	ReconvergenceS float64 `json:"reconvergence_s"`
+	// MembersBackS is how long after the heal every instance counts
+	// every member again; PeersFreshS until, besides, every instance
+	// has a fresh report of every peer. -1: not within -reconverge-max.
+	MembersBackS float64 `json:"reconvergence_members_s"`
+	PeersFreshS  float64 `json:"reconvergence_peers_fresh_s"`
 
 	Model model `json:"model"`
 }
@@ -321,7 +326,7 @@ func run(ctx context.Context, o options, logw io.Writer) (*Result, error) {
 	runtime.ReadMemStats(&mem)
 	res.HeapPerInstanceMiB = float64(mem.HeapAlloc) / float64(len(insts)) / (1 << 20)
 	res.DigestConvergenceP50, res.DigestConvergenceP99, res.DigestSamples, res.DigestUnconverged = tracker.quantiles()
-	res.ReconvergenceS = -1
+	res.ReconvergenceS, res.MembersBackS, res.PeersFreshS = -1, -1, -1
 	res.RatelimitWorstRatio = 1
 	for _, v := range []float64{res.RatelimitMinRatio, res.RatelimitMaxRatio} {
 		if math.Abs(v-1) > math.Abs(res.RatelimitWorstRatio-1) {
@@ -347,18 +352,26 @@ func run(ctx context.Context, o options, logw io.Writer) (*Result, error) {
 	healed := time.Now()
 	_, res.CutMaxRatio = ratios(loads, before, snapshot(), time.Since(cs).Seconds())
 	tracker.healedAt(healed)
-	for time.Since(healed) < o.ReconvergeMax {
+	res.MembersBackS, res.PeersFreshS = -1, -1
+	for time.Since(healed) < o.ReconvergeMax && res.ReconvergenceS < 0 {
 		if !sleep(250 * time.Millisecond) {
 			return nil, ctx.Err()
 		}
-		if allMembers(insts) && tracker.caughtUp() {
+		since := time.Since(healed).Seconds()
+		if res.MembersBackS < 0 && allMembers(insts) {
+			res.MembersBackS = since
+		}
+		if res.MembersBackS >= 0 && res.PeersFreshS < 0 {
 			if f, p := peersFresh(insts); f == p {
-				res.ReconvergenceS = time.Since(healed).Seconds()
-				break
+				res.PeersFreshS = since
 			}
 		}
+		if res.PeersFreshS >= 0 && tracker.caughtUp() {
+			res.ReconvergenceS = since
+		}
 	}
-	logf("reconverged after %.1f s (-1: not within %v)", res.ReconvergenceS, o.ReconvergeMax)
+	logf("after the heal: members back %.1f s, peer reports fresh %.1f s, digests too %.1f s (-1: not within %v)",
+		res.MembersBackS, res.PeersFreshS, res.ReconvergenceS, o.ReconvergeMax)
 	return res, nil
 }
 
