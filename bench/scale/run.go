@@ -188,9 +188,15 @@ func run(ctx context.Context, o options, logw io.Writer) (*Result, error) {
 		sem <- struct{}{}
 		jwg.Go(func() {
 			defer func() { <-sem }()
-			if err := start(i, seed); err != nil {
-				errs <- fmt.Errorf("instance %d: %w", i, err)
+			// A join's dial is lost like a packet (-loss): retry as a
+			// restarting Tier-2 would.
+			var err error
+			for range 5 {
+				if err = start(i, seed); err == nil {
+					return
+				}
 			}
+			errs <- fmt.Errorf("instance %d: %w", i, err)
 		})
 	}
 	jwg.Wait()
