@@ -42,16 +42,16 @@ type options struct {
 	ActiveLimits   int           `json:"active_limits"`
 	Clusters       int           `json:"clusters"`
 	PoolsPer       int           `json:"pools_per_cluster"`
-	Latency        time.Duration `json:"-"`
+	Latency        time.Duration `json:"latency_ns"`
 	Loss           float64       `json:"loss"`
 	Profile        string        `json:"profile"`
-	Sync           time.Duration `json:"-"`
-	DigestInterval time.Duration `json:"-"`
-	Warmup         time.Duration `json:"-"`
-	Window         time.Duration `json:"-"`
+	Sync           time.Duration `json:"sync_ns"`
+	DigestInterval time.Duration `json:"digest_interval_ns"`
+	Warmup         time.Duration `json:"warmup_ns"`
+	Window         time.Duration `json:"window_ns"`
 	Windows        int           `json:"windows"`
-	CutFor         time.Duration `json:"-"`
-	ReconvergeMax  time.Duration `json:"-"`
+	CutFor         time.Duration `json:"cut_ns"`
+	ReconvergeMax  time.Duration `json:"reconverge_max_ns"`
 }
 
 func main() {
@@ -75,6 +75,7 @@ func main() {
 	asJSON := flag.Bool("json", false, "print one JSON object instead of the table")
 	sweep := flag.String("sweep", "", "comma-separated instance counts to run in turn (Regions: instances/5, at least 1); with -plot draws the curves")
 	plotDir := flag.String("plot", "", "directory to write the sweep's PNG plots into")
+	from := flag.String("from", "", "comma-separated files of earlier -json results: print their table (and -plot) instead of running")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -90,6 +91,27 @@ func main() {
 	log.SetFlags(0)
 	if o.Regions < 1 || o.Instances < o.Regions {
 		log.Fatal("scale: need 1 ≤ regions ≤ instances")
+	}
+	if *from != "" {
+		var results []*Result
+		for _, f := range strings.Split(*from, ",") {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				log.Fatal(err)
+			}
+			var r Result
+			if err := json.Unmarshal(b, &r); err != nil {
+				log.Fatalf("scale: %s: %v", f, err)
+			}
+			results = append(results, &r)
+		}
+		printTable(os.Stdout, results)
+		if *plotDir != "" {
+			if err := writePlots(*plotDir, results); err != nil {
+				log.Fatal(err)
+			}
+		}
+		return
 	}
 	if *sweep == "" {
 		r, err := run(context.Background(), o, os.Stderr)

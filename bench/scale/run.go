@@ -478,9 +478,18 @@ func ratios(loads []*tenantLoad, before, after []int64, secs float64) (lo, hi fl
 }
 
 // peersFresh counts (instance, peer) pairs whose report is fresh (not held).
+// An instance whose view stays locked for more than a second (a sync or a
+// push/pull under way on a starved machine) counts as holding none fresh.
 func peersFresh(insts []*instance) (fresh, pairs int) {
 	for _, in := range insts {
-		for _, p := range in.lim.Peers() {
+		ch := make(chan []ratelimit.Peer, 1)
+		go func() { ch <- in.lim.Peers() }()
+		var peers []ratelimit.Peer
+		select {
+		case peers = <-ch:
+		case <-time.After(time.Second):
+		}
+		for _, p := range peers {
 			if p.Live && !p.Held {
 				fresh++
 			}
