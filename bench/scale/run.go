@@ -481,22 +481,28 @@ func ratios(loads []*tenantLoad, before, after []int64, secs float64) (lo, hi fl
 // An instance whose view stays locked for more than a second (a sync or a
 // push/pull under way on a starved machine) counts as holding none fresh.
 func peersFresh(insts []*instance) (fresh, pairs int) {
+	counts := make(chan int, len(insts))
 	for _, in := range insts {
-		ch := make(chan []ratelimit.Peer, 1)
-		go func() { ch <- in.lim.Peers() }()
-		var peers []ratelimit.Peer
-		select {
-		case peers = <-ch:
-		case <-time.After(time.Second):
-		}
-		for _, p := range peers {
-			if p.Live && !p.Held {
-				fresh++
+		go func() {
+			n := 0
+			for _, p := range in.lim.Peers() {
+				if p.Live && !p.Held {
+					n++
+				}
 			}
-		}
-		pairs += len(insts) - 1
+			counts <- n
+		}()
 	}
-	return fresh, pairs
+	deadline := time.After(time.Second)
+	for range insts {
+		select {
+		case n := <-counts:
+			fresh += n
+		case <-deadline:
+			return fresh, len(insts) * (len(insts) - 1)
+		}
+	}
+	return fresh, len(insts) * (len(insts) - 1)
 }
 
 func allMembers(insts []*instance) bool {
