@@ -127,12 +127,24 @@ func run(ctx context.Context, o options, logw io.Writer) (*Result, error) {
 	insts := make([]*instance, o.Instances)
 	var wg sync.WaitGroup
 	defer func() {
+		// Stop everything at once; a starved fleet may take long to
+		// wind down, and the figures are taken: give it 10 s.
 		cancel()
-		wg.Wait()
-		for _, in := range insts {
-			if in != nil && in.node != nil {
-				_ = in.node.Close()
+		done := make(chan struct{})
+		go func() {
+			wg.Wait()
+			var cwg sync.WaitGroup
+			for _, in := range insts {
+				if in != nil && in.node != nil {
+					cwg.Go(func() { _ = in.node.Close() })
+				}
 			}
+			cwg.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
 		}
 	}()
 
