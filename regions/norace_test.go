@@ -1,0 +1,5 @@
+//go:build !race
+
+package regions
+
+const raceEnabled = false
