@@ -34,6 +34,9 @@ type Tier2Config struct {
 	GossipBind    string   // memberlist bind address (empty: no gossip)
 	Join          []string // gossip addresses of other Tier-2s
 	GossipProfile string   // lan, wan or local; empty: the Topology's
+	// GossipKeyFile encrypts gossip with the keyring it holds, reloaded
+	// while running (tier2.InstanceConfig.GossipKeyFile).
+	GossipKeyFile string
 	// InsecureNoAuth admits callers without a token (development only).
 	InsecureNoAuth bool
 	// SubscribeAll subscribes to every cluster's health feed, not only
@@ -159,7 +162,7 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 		front.AccessLog = log.With("log", "access", "component", "tier2")
 	}
 	inst, err = tier2.NewInstance(ctx, tier2.InstanceConfig{
-		Region: f.Region, Name: f.Name, GossipBind: f.GossipBind, GossipJoin: f.Join, GossipProfile: f.GossipProfile,
+		Region: f.Region, Name: f.Name, GossipBind: f.GossipBind, GossipJoin: f.Join, GossipProfile: f.GossipProfile, GossipKeyFile: f.GossipKeyFile,
 		SubscribeAll: f.SubscribeAll, InsecureNoAuth: f.InsecureNoAuth, ConfigDir: root, Keys: f.Keys,
 		Transport: f.Transport, Registerer: reg, Logger: log, GossipTransport: f.GossipTransport,
 		Canary: tier2.CanaryConfig{Store: store, Period: f.CanaryPeriod}, FrontDoor: front,

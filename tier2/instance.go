@@ -1,6 +1,7 @@
 package tier2
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -44,6 +46,13 @@ type InstanceConfig struct {
 	// GossipTransport, when set, replaces memberlist's network transport
 	// (fault injection, the local platform's cross-Region delay).
 	GossipTransport gossipTransport
+	// GossipKeyFile, when set, encrypts gossip with the keyring in this
+	// file (gossip.ReadKeyFile's format), read at start and again every
+	// GossipKeyPoll (zero: 10 s) so that keys rotate without a restart.
+	// An unreadable or invalid file at start is an error; later, the keys
+	// in use stay and the error is logged and counted.
+	GossipKeyFile string
+	GossipKeyPoll time.Duration
 	// SubscribeAll subscribes to every cluster's pool-health feed, not
 	// only this Region's: for a lone Tier-2 without gossip peers.
 	SubscribeAll bool
@@ -83,6 +92,9 @@ type Instance struct {
 	Canary  *Canary
 	adm     *Admission
 	metrics *Metrics
+
+	gossipKeyMu sync.Mutex
+	gossipKeys  [][]byte // the keyring in use (GossipKeyFile)
 
 	// The running JWT settings, replaced by apply when they change.
 	authMu   sync.Mutex
@@ -170,6 +182,13 @@ func NewInstance(ctx context.Context, cfg InstanceConfig, snap *config.Snapshot)
 		gc := gossipConfig(snap.Topology.Spec.Gossip, cfg.GossipProfile)
 		gc.Name, gc.Region, gc.BindAddr, gc.BindPort = cfg.Name, cfg.Region, host, p
 		gc.Join, gc.Logger, gc.Transport = cfg.GossipJoin, cfg.Logger, cfg.GossipTransport
+		if cfg.GossipKeyFile != "" {
+			if gc.Keys, err = gossip.ReadKeyFile(cfg.GossipKeyFile); err != nil {
+				return nil, fmt.Errorf("tier2: --gossip-key-file: %w", err)
+			}
+			in.gossipKeys = gc.Keys
+			in.metrics.gossipKeys.Set(float64(len(gc.Keys)))
+		}
 		node, err := gossip.New(gc)
 		if err != nil {
 			return nil, err
@@ -405,6 +424,9 @@ func (in *Instance) Run(ctx context.Context, updates <-chan *config.Snapshot) {
 		})
 	})
 	goRun(func() { in.housekeeping(ctx) })
+	if in.Node != nil && in.cfg.GossipKeyFile != "" {
+		goRun(func() { in.watchGossipKeys(ctx) })
+	}
 	goRun(func() { in.Canary.Run(ctx) })
 	if updates != nil {
 		goRun(func() {
@@ -599,4 +621,48 @@ func (in *Instance) housekeep() {
 		}
 		in.Fleet.ObserveRTT(region, best)
 	}
+}
+
+// watchGossipKeys reloads GossipKeyFile every GossipKeyPoll until ctx
+// ends.
+func (in *Instance) watchGossipKeys(ctx context.Context) {
+	every := in.cfg.GossipKeyPoll
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			in.ReloadGossipKeys()
+		}
+	}
+}
+
+// ReloadGossipKeys reads GossipKeyFile and installs its keys when they
+// differ from those in use (a Kubernetes Secret mounted as a file changes
+// in place). A bad file keeps the keys in use; the error is logged and
+// counted in meridian_tier2_gossip_key_errors_total.
+func (in *Instance) ReloadGossipKeys() error {
+	in.gossipKeyMu.Lock()
+	defer in.gossipKeyMu.Unlock()
+	keys, err := gossip.ReadKeyFile(in.cfg.GossipKeyFile)
+	if err == nil && slices.EqualFunc(keys, in.gossipKeys, bytes.Equal) {
+		return nil
+	}
+	if err == nil {
+		err = in.Node.SetKeys(keys)
+	}
+	if err != nil {
+		in.metrics.gossipKeyErrors.Inc()
+		in.log.Error("tier2: gossip keys not changed", "file", in.cfg.GossipKeyFile, "error", err)
+		return err
+	}
+	in.gossipKeys = keys
+	in.metrics.gossipKeys.Set(float64(len(keys)))
+	in.log.Info("tier2: gossip keys changed", "file", in.cfg.GossipKeyFile, "keys", len(keys))
+	return nil
 }

@@ -17,6 +17,8 @@ type Metrics struct {
 	ejections       *prometheus.CounterVec
 	ejected         *prometheus.GaugeVec
 	members         *prometheus.GaugeVec
+	gossipKeys      prometheus.Gauge
+	gossipKeyErrors prometheus.Counter
 	digestAge       *prometheus.GaugeVec
 	drift           *prometheus.GaugeVec
 	charged         *prometheus.CounterVec
@@ -52,6 +54,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while a cluster is ejected."}, []string{"cluster"}),
 		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_tier2_gossip_members",
 			Help: "Tier-2 instances known, by Region."}, []string{"region"}),
+		gossipKeys: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_tier2_gossip_keys",
+			Help: "Keys in the gossip keyring (--gossip-key-file); 0: gossip is not encrypted."}),
+		gossipKeyErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "meridian_tier2_gossip_key_errors_total",
+			Help: "Reloads of --gossip-key-file that failed and kept the keys in use."}),
 		digestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_tier2_digest_age_seconds",
 			Help: "Age of the newest pool-health digest."}, []string{"region", "cluster", "pool"}),
 		drift: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meridian_tier2_pool_drift",
@@ -61,7 +67,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.ttft, m.rejected, m.retries, m.budgetExhausted, m.failovers,
-			m.ejections, m.ejected, m.members, m.digestAge, m.drift, m.charged)
+			m.ejections, m.ejected, m.members, m.gossipKeys, m.gossipKeyErrors, m.digestAge, m.drift, m.charged)
 	}
 	return m
 }

@@ -38,6 +38,7 @@ func newTier2Cmd() *cobra.Command {
 	cmd.Flags().StringVar(&t.GossipBind, "gossip-bind", "", "memberlist bind address host:port (empty: no gossip)")
 	cmd.Flags().StringSliceVar(&t.Join, "join", nil, "gossip addresses of other Tier-2 instances (any Region)")
 	cmd.Flags().StringVar(&t.GossipProfile, "gossip-profile", "", "override the Topology's spec.gossip.profile (memberlist timing: lan, wan or local; default wan); read at start")
+	cmd.Flags().StringVar(&t.GossipKeyFile, "gossip-key-file", "", "encrypt gossip with the keys in this `file` (one base64 key of 16, 24 or 32 bytes per line, the one to send with first; reread every 10 s, so keys rotate without a restart: docs/deploy-eks.md)")
 	cmd.Flags().BoolVar(&t.InsecureNoAuth, "insecure-no-auth", false, "admit callers without a token, as tenant \"anonymous\" (development only)")
 	cmd.Flags().BoolVar(&t.SubscribeAll, "subscribe-all", false, "subscribe to every cluster's health feed, not only this Region's (a lone Tier-2 without gossip)")
 	cmd.Flags().BoolVar(&t.CloudWatch, "cloudwatch", false, "publish per-Region aggregates (requests, P99 TTFT per model, 429 rate, failovers) to CloudWatch with PutMetricData (standard AWS credential chain)")

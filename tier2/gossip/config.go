@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"fmt"
 	"log/slog"
 	"time"
@@ -140,6 +141,12 @@ type Config struct {
 	// or 32 bytes. Nil means plaintext: use it only on a trusted network.
 	SecretKey []byte
 
+	// Keys, when set, replace SecretKey with a keyring: the first key
+	// encrypts what this node sends, every key is tried on what it
+	// receives, so keys can be rotated without a split (Node.SetKeys).
+	// Each is 16, 24 or 32 bytes.
+	Keys [][]byte
+
 	// Channels are registered before the node joins, so the first state
 	// sync with the join target already carries them. Register adds more
 	// later.
@@ -175,6 +182,12 @@ func (c *Config) validate() error {
 	case 0, 16, 24, 32:
 	default:
 		return fmt.Errorf("gossip: config: secret key is %d bytes, want 16, 24 or 32", len(c.SecretKey))
+	}
+	if len(c.SecretKey) > 0 && len(c.Keys) > 0 {
+		return fmt.Errorf("gossip: config: secret key and keys: set one")
+	}
+	if err := checkKeys(c.Keys); err != nil {
+		return fmt.Errorf("gossip: config: %w", err)
 	}
 	if c.BindPort < 0 || c.BindPort > 65535 || c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
 		return fmt.Errorf("gossip: config: port out of range")
@@ -221,6 +234,10 @@ func (c *Config) memberlistConfig() *memberlist.Config {
 	if len(c.SecretKey) > 0 {
 		mc.SecretKey = c.SecretKey
 	}
+	if len(c.Keys) > 0 {
+		// validate checked the keys: NewKeyring cannot fail on them.
+		mc.Keyring, _ = memberlist.NewKeyring(c.Keys[1:], c.Keys[0])
+	}
 	mc.LogOutput = nil
 	mc.Logger = newLogBridge(c.Logger)
 	return mc
@@ -260,4 +277,22 @@ func (c *Config) maxQueued() int {
 		return 4096
 	}
 	return c.MaxQueuedBroadcasts
+}
+
+// checkKeys refuses a keyring memberlist could not use: a key of the wrong
+// size, or the same key twice.
+func checkKeys(keys [][]byte) error {
+	for i, k := range keys {
+		switch len(k) {
+		case 16, 24, 32:
+		default:
+			return fmt.Errorf("key %d is %d bytes, want 16, 24 or 32", i+1, len(k))
+		}
+		for j := range i {
+			if bytes.Equal(keys[j], k) {
+				return fmt.Errorf("key %d repeats key %d", i+1, j+1)
+			}
+		}
+	}
+	return nil
 }

@@ -556,3 +556,55 @@ func TestBroadcastSurvivesPacketLoss(t *testing.T) {
 		t.Error("no packet was dropped")
 	}
 }
+
+// Keys rotate across a running cluster in three steps (new key second,
+// first, alone) without a split: every step still spreads, and after
+// the last a node holding only the old key is refused.
+func TestKeyRotation(t *testing.T) {
+	k1, k2 := []byte("0123456789abcdef"), []byte("fedcba9876543210fedcba98")
+	c := startCluster(t, 3, []string{"a", "b"}, func(cfg *gossip.Config) { cfg.Keys = [][]byte{k1} })
+	c.spread(t, 0, "k1")
+	for step, keys := range [][][]byte{{k1, k2}, {k2, k1}, {k2}} {
+		for i, n := range c.nodes {
+			if err := n.SetKeys(keys); err != nil {
+				t.Fatalf("step %d: node %d: %v", step+1, i, err)
+			}
+		}
+		c.spread(t, step%len(c.nodes), fmt.Sprintf("step-%d", step+1))
+	}
+	for name, keys := range map[string][][]byte{"old key": {k1}, "no key": nil} {
+		tr, err := c.net.Transport("intruder-"+strings.ReplaceAll(name, " ", "-"), "a")
+		must(t, err)
+		n, err := gossip.New(gossip.Config{Name: "intruder", Region: "a", Profile: gossip.ProfileLocal, Transport: tr,
+			Keys: keys, Join: []string{c.nodes[0].Addr()}})
+		if err == nil {
+			n.Close()
+			t.Errorf("a node with %s joined after the rotation", name)
+		}
+	}
+	if err := c.nodes[0].SetKeys(nil); err == nil {
+		t.Error("SetKeys(nil) succeeded: gossip would go back to plaintext")
+	}
+	if err := c.nodes[0].SetKeys([][]byte{[]byte("short")}); err == nil {
+		t.Error("SetKeys accepted a 5-byte key")
+	}
+}
+
+func TestParseKeys(t *testing.T) {
+	good := "# primary first\nMDEyMzQ1Njc4OWFiY2RlZg==\n\n ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4 \n"
+	keys, err := gossip.ParseKeys(good)
+	if err != nil || len(keys) != 2 || string(keys[0]) != "0123456789abcdef" {
+		t.Fatalf("ParseKeys = %q, %v", keys, err)
+	}
+	for text, want := range map[string]string{
+		"":                   "no keys",
+		"# only a comment\n": "no keys",
+		"not base64!\n":      "line 1: not base64",
+		"c2hvcnQ=\n":         "line 1: key is 5 bytes",
+		"MDEyMzQ1Njc4OWFiY2RlZg==\nMDEyMzQ1Njc4OWFiY2RlZg==\n": "key 2 repeats key 1",
+	} {
+		if _, err := gossip.ParseKeys(text); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseKeys(%q) = %v, want an error containing %q", text, err, want)
+		}
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -79,6 +80,7 @@ type Node struct {
 	mlReady    atomic.Pointer[memberlist.Memberlist] // ml, for memberlist's own goroutines
 	queue      *memberlist.TransmitLimitedQueue
 	maxMessage int
+	keyring    *memberlist.Keyring // Config.Keys' keyring, or nil
 
 	regMu    sync.Mutex
 	channels atomic.Pointer[[256]Channel]
@@ -151,10 +153,11 @@ func New(cfg Config) (*Node, error) {
 		return 1
 	}}
 	n.maxMessage = mc.UDPBufferSize - 5 // compound header and user-message overheads
-	if len(cfg.SecretKey) > 0 {
+	if len(cfg.SecretKey) > 0 || len(cfg.Keys) > 0 {
 		n.maxMessage -= 45 // worst-case AES-GCM overhead (version, IV, padding, tag)
 	}
 
+	n.keyring = mc.Keyring
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("gossip: start %s: %w", cfg.Name, err)
@@ -291,6 +294,39 @@ func (n *Node) Name() string { return n.cfg.Name }
 
 // Region returns this node's Region.
 func (n *Node) Region() string { return n.cfg.Region }
+
+// SetKeys replaces the gossip keyring of a node started with
+// Config.Keys: keys[0] encrypts from now on, every key decrypts. To rotate
+// without a split, give every node the new key second, then first, then
+// drop the old one, letting each step reach every node before the next.
+func (n *Node) SetKeys(keys [][]byte) error {
+	if len(keys) == 0 {
+		return errors.New("gossip: set keys: no keys (gossip cannot go back to plaintext while running)")
+	}
+	if err := checkKeys(keys); err != nil {
+		return fmt.Errorf("gossip: set keys: %w", err)
+	}
+	kr := n.keyring
+	if kr == nil {
+		return errors.New("gossip: set keys: the node was started without a keyring (Config.Keys)")
+	}
+	for _, k := range keys {
+		if err := kr.AddKey(k); err != nil {
+			return fmt.Errorf("gossip: set keys: %w", err)
+		}
+	}
+	if err := kr.UseKey(keys[0]); err != nil {
+		return fmt.Errorf("gossip: set keys: %w", err)
+	}
+	for _, old := range kr.GetKeys() {
+		if !slices.ContainsFunc(keys, func(k []byte) bool { return bytes.Equal(k, old) }) {
+			if err := kr.RemoveKey(old); err != nil {
+				return fmt.Errorf("gossip: set keys: %w", err)
+			}
+		}
+	}
+	return nil
+}
 
 // Addr returns the host:port other members reach this node at.
 func (n *Node) Addr() string { return n.ml.LocalNode().Address() }
