@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meridian-router/meridian/aws/cloudwatch"
+	"github.com/meridian-router/meridian/config"
 	"github.com/meridian-router/meridian/internal/tracing"
 	"github.com/meridian-router/meridian/internal/trust"
 	"github.com/meridian-router/meridian/regions"
@@ -39,6 +42,9 @@ type Tier2Config struct {
 	GossipKeyFile string
 	// InsecureNoAuth admits callers without a token (development only).
 	InsecureNoAuth bool
+	// JWT verifies callers instead of the configuration's spec.auth.jwt
+	// when its Issuer is set (--jwt-issuer, --jwks-url, …).
+	JWT config.JWT
 	// SubscribeAll subscribes to every cluster's health feed, not only
 	// this Region's (a lone Tier-2 without gossip).
 	SubscribeAll bool
@@ -109,6 +115,13 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	if f.RedirectHTTP != "" && f.TLSCert == "" {
 		return nil, usage(errors.New("--redirect-http needs --tls-cert and --tls-key: it sends callers to HTTPS"))
 	}
+	jwtCfg, err := jwtFlags(f.JWT)
+	if err != nil {
+		return nil, usage(err)
+	}
+	if jwtCfg != nil && f.InsecureNoAuth {
+		return nil, usage(errors.New("--insecure-no-auth and --jwt-issuer: choose one"))
+	}
 	if f.CanaryPeriod < 0 {
 		return nil, usage(fmt.Errorf("--canary-period %s: must not be negative", f.CanaryPeriod))
 	}
@@ -163,7 +176,7 @@ func StartTier2(ctx context.Context, f Tier2Config, log *slog.Logger) (*Tier2, e
 	}
 	inst, err = tier2.NewInstance(ctx, tier2.InstanceConfig{
 		Region: f.Region, Name: f.Name, GossipBind: f.GossipBind, GossipJoin: f.Join, GossipProfile: f.GossipProfile, GossipKeyFile: f.GossipKeyFile,
-		SubscribeAll: f.SubscribeAll, InsecureNoAuth: f.InsecureNoAuth, ConfigDir: root, Keys: f.Keys,
+		SubscribeAll: f.SubscribeAll, InsecureNoAuth: f.InsecureNoAuth, JWT: jwtCfg, ConfigDir: root, Keys: f.Keys,
 		Transport: f.Transport, Registerer: reg, Logger: log, GossipTransport: f.GossipTransport,
 		Canary: tier2.CanaryConfig{Store: store, Period: f.CanaryPeriod}, FrontDoor: front,
 	}, src.Snapshot())
@@ -274,4 +287,24 @@ func httpsRedirect(port int) http.Handler {
 		w.Header().Set("Connection", "close")
 		http.Redirect(w, r, "https://"+host+r.URL.RequestURI(), http.StatusPermanentRedirect)
 	})
+}
+
+// jwtFlags checks the --jwt-* flags: nil when none is set.
+func jwtFlags(j config.JWT) (*config.JWT, error) {
+	if reflect.ValueOf(j).IsZero() {
+		return nil, nil
+	}
+	if j.Issuer == "" {
+		return nil, errors.New("--jwks-url and the other --jwt-* flags need --jwt-issuer")
+	}
+	if j.JWKSURL == "" {
+		return nil, errors.New("--jwt-issuer needs --jwks-url: where the issuer publishes its keys")
+	}
+	if u, err := url.Parse(j.JWKSURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--jwks-url %q: want an http(s) URL", j.JWKSURL)
+	}
+	if j.JWKSRefresh < 0 {
+		return nil, fmt.Errorf("--jwks-refresh %s: must not be negative", j.JWKSRefresh.D())
+	}
+	return &j, nil
 }

@@ -58,6 +58,10 @@ type InstanceConfig struct {
 	SubscribeAll bool
 	// InsecureNoAuth admits callers without a token (development only).
 	InsecureNoAuth bool
+	// JWT, when set, verifies callers instead of the gateways'
+	// spec.auth.jwt (meridian tier2 --jwt-issuer and friends: the
+	// operator's identity provider, set where the process is deployed).
+	JWT *config.JWT
 	// Transport to Tier-1s; nil means NewTransport().
 	Transport http.RoundTripper
 	// ConfigDir resolves a gateway's relative jwksFile. Empty: the
@@ -364,6 +368,9 @@ func (in *Instance) runKeysLocked() {
 // jwtConfig finds this Region's spec.auth.jwt and the directory its
 // relative jwksFile is resolved against.
 func (in *Instance) jwtConfig(snap *config.Snapshot) (*config.JWT, string, error) {
+	if in.cfg.JWT != nil {
+		return in.cfg.JWT, in.cfg.ConfigDir, nil
+	}
 	var jwtCfg *config.JWT
 	var origin string
 	for _, g := range snap.Gateways {
@@ -375,7 +382,7 @@ func (in *Instance) jwtConfig(snap *config.Snapshot) (*config.JWT, string, error
 		}
 	}
 	if jwtCfg == nil {
-		return nil, "", fmt.Errorf("tier2: no gateway configures spec.auth.jwt; configure it or pass --insecure-no-auth")
+		return nil, "", fmt.Errorf("tier2: no gateway configures spec.auth.jwt; configure it, pass --jwt-issuer and --jwks-url, or pass --insecure-no-auth")
 	}
 	dir := in.cfg.ConfigDir
 	if dir == "" && origin != "" {

@@ -22,6 +22,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -45,7 +46,9 @@ const (
 // fails the test.
 var tierFlags = map[string][]string{
 	"tier1": {"--config", "--etcd", "--source", "--prefix", "--cache", "--cluster", "--region", "--listen", "--extproc", "--health", "--metrics", "--peers"},
-	"tier2": {"--config", "--etcd", "--source", "--prefix", "--cache", "--region", "--listen", "--gossip-bind", "--join", "--metrics"},
+	"tier2": {"--config", "--etcd", "--source", "--prefix", "--cache", "--region", "--listen", "--gossip-bind", "--join", "--metrics",
+		"--tls-cert", "--tls-key", "--redirect-http", "--redirect-port", "--jwt-issuer", "--jwks-url", "--jwt-audience",
+		"--jwt-required-claim", "--jwt-tenant-claim", "--jwt-criticality-claim", "--gossip-key-file"},
 }
 
 // manifests is one rendering of the chart, decoded.
@@ -62,6 +65,7 @@ type manifests struct {
 	serviceMonitors []*monitoringv1.ServiceMonitor
 	podMonitors     []*monitoringv1.PodMonitor
 	httpRoutes      []*gatewayv1.HTTPRoute
+	networkPolicies []*networkingv1.NetworkPolicy
 	prometheusRules []*monitoringv1.PrometheusRule
 	inferencePools  []*config.InferencePool
 	count           int
@@ -171,6 +175,9 @@ func decode(out map[string]string) (manifests, []error) {
 			case "monitoring.coreos.com/v1/PrometheusRule":
 				o := &monitoringv1.PrometheusRule{}
 				m.prometheusRules, obj = append(m.prometheusRules, o), o
+			case "networking.k8s.io/v1/NetworkPolicy":
+				o := &networkingv1.NetworkPolicy{}
+				m.networkPolicies, obj = append(m.networkPolicies, o), o
 			case "gateway.networking.k8s.io/v1/HTTPRoute":
 				o := &gatewayv1.HTTPRoute{}
 				m.httpRoutes, obj = append(m.httpRoutes, o), o
@@ -268,15 +275,19 @@ func renderings(t *testing.T) map[string]map[string]any {
 	for _, p := range paths {
 		out[filepath.Base(p)] = readValues(t, p)
 	}
+	// The defaults leave one choice open: how the front door is encrypted.
+	tls := map[string]any{"tls": map[string]any{"secretName": "meridian-tls"}}
 	out["kubernetes source"] = map[string]any{
 		"region":  "us-east-1",
 		"cluster": "us-east-1a",
 		"config":  map[string]any{"source": "kubernetes"},
+		"tier2":   tls,
 	}
 	out["defaults with chart-made ConfigMap"] = map[string]any{
 		"region":  "us-east-1",
 		"cluster": "us-east-1a",
 		"config":  map[string]any{"configMap": map[string]any{"files": platformFiles(t)}},
+		"tier2":   tls,
 	}
 	return out
 }
@@ -505,6 +516,8 @@ func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[str
 			t.Errorf("InferencePool %s: picker %s:%d is not a rendered Service's extproc port", p.Metadata.Name, ref.Name, ref.Port.Number)
 		}
 	}
+	// The route sends every /v1/ request, whatever its model, to a
+	// rendered pool: the picker reads the model from the body.
 	for _, r := range m.httpRoutes {
 		for _, rule := range r.Spec.Rules {
 			for _, b := range rule.BackendRefs {
@@ -512,6 +525,16 @@ func checkRendering(t *testing.T, vals map[string]any, m manifests, jobs map[str
 					t.Errorf("HTTPRoute %s: backend %v is not a rendered InferencePool", r.Name, b.Name)
 				}
 			}
+			for _, match := range rule.Matches {
+				if len(match.Headers) > 0 || match.Path == nil || *match.Path.Value != "/v1/" {
+					t.Errorf("HTTPRoute %s: match %+v is narrower than every /v1/ request", r.Name, match)
+				}
+			}
+		}
+	}
+	if vals["networkPolicy"] == nil || vals["networkPolicy"].(map[string]any)["enabled"] != false {
+		if len(m.networkPolicies) != btoi(len(m.deployments) > 0)+btoi(len(m.statefulSets) > 0) {
+			t.Errorf("%d NetworkPolicies for %d Deployments and %d StatefulSets", len(m.networkPolicies), len(m.deployments), len(m.statefulSets))
 		}
 	}
 }
@@ -679,6 +702,16 @@ func TestChartRejectsBadValues(t *testing.T) {
 			v["autoscaling"].(map[string]any)["pools"].([]any)[0].(map[string]any)["metric"] = "gpuUtilization"
 		}, "metric"},
 		{"port out of range", func(v map[string]any) { v["tier2"].(map[string]any)["ports"] = map[string]any{"http": 80800} }, "http"},
+		{"front door without a TLS choice", func(v map[string]any) { v["tier2"].(map[string]any)["tls"] = map[string]any{"secretName": ""} }, "tier2.tls: set secretName or acmCertificateArn"},
+		{"TLS twice", func(v map[string]any) { v["tier2"].(map[string]any)["tls"].(map[string]any)["acmCertificateArn"] = "arn:x" }, "not both"},
+		{"issuer without keys", func(v map[string]any) {
+			v["tier2"].(map[string]any)["auth"] = map[string]any{"issuer": "https://idp.example/", "jwksURL": ""}
+		}, "tier2.auth.issuer needs tier2.auth.jwksURL"},
+		{"route to an unknown pool", func(v map[string]any) {
+			v["tier1"] = map[string]any{"mode": "extproc", "extproc": map[string]any{
+				"inferencePools": []any{map[string]any{"name": "all", "selector": map[string]any{"a": "b"}, "targetPorts": []any{8000}}},
+				"httpRoute":      map[string]any{"enabled": true, "pool": "other"}}}
+		}, `tier1.extproc.httpRoute.pool "other"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := base()
@@ -811,7 +844,8 @@ func btoi(b bool) int {
 // Tier-2's canary analysis writes: InferenceModelRewrites and the guard
 // ConfigMap.
 func TestChartKubernetesSourceRBAC(t *testing.T) {
-	out, err := render(loadChart(t), map[string]any{"region": "us-east-1", "cluster": "us-east-1a", "config": map[string]any{"source": "kubernetes"}})
+	out, err := render(loadChart(t), map[string]any{"region": "us-east-1", "cluster": "us-east-1a", "config": map[string]any{"source": "kubernetes"},
+		"tier2": map[string]any{"tls": map[string]any{"plainHTTP": true}}})
 	if err != nil {
 		t.Fatal(err)
 	}
