@@ -703,7 +703,9 @@ func TestChartRejectsBadValues(t *testing.T) {
 		}, "metric"},
 		{"port out of range", func(v map[string]any) { v["tier2"].(map[string]any)["ports"] = map[string]any{"http": 80800} }, "http"},
 		{"front door without a TLS choice", func(v map[string]any) { v["tier2"].(map[string]any)["tls"] = map[string]any{"secretName": ""} }, "tier2.tls: set secretName or acmCertificateArn"},
-		{"TLS twice", func(v map[string]any) { v["tier2"].(map[string]any)["tls"].(map[string]any)["acmCertificateArn"] = "arn:x" }, "not both"},
+		{"TLS twice", func(v map[string]any) {
+			v["tier2"].(map[string]any)["tls"].(map[string]any)["acmCertificateArn"] = "arn:x"
+		}, "not both"},
 		{"issuer without keys", func(v map[string]any) {
 			v["tier2"].(map[string]any)["auth"] = map[string]any{"issuer": "https://idp.example/", "jwksURL": ""}
 		}, "tier2.auth.issuer needs tier2.auth.jwksURL"},
