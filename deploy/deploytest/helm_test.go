@@ -45,7 +45,7 @@ const (
 // cmd/meridian; --prefix from the shared configuration-source flags). A rendered argument outside these
 // fails the test.
 var tierFlags = map[string][]string{
-	"tier1": {"--config", "--etcd", "--source", "--prefix", "--cache", "--cluster", "--region", "--listen", "--extproc", "--health", "--metrics", "--peers"},
+	"tier1": {"--config", "--etcd", "--source", "--prefix", "--cache", "--discovery", "--cluster", "--region", "--listen", "--extproc", "--health", "--metrics", "--peers"},
 	"tier2": {"--config", "--etcd", "--source", "--prefix", "--cache", "--region", "--listen", "--gossip-bind", "--join", "--metrics",
 		"--tls-cert", "--tls-key", "--redirect-http", "--redirect-port", "--jwt-issuer", "--jwks-url", "--jwt-audience",
 		"--jwt-required-claim", "--jwt-tenant-claim", "--jwt-criticality-claim", "--gossip-key-file"},

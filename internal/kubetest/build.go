@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -21,6 +22,19 @@ const Version = "v1.34.2"
 // BuildTimeout bounds building the API server, the lock wait included:
 // about 5 minutes of CPU on 2 cores cold, more on a loaded machine.
 const BuildTimeout = 30 * time.Minute
+
+// ldflags stamp the version into the binary, as Kubernetes' own build
+// does: without them the server reports v0.0.0-master, which clients that
+// check versions (Helm's kubeVersion) refuse.
+var ldflags = func() string {
+	major, minor, _ := strings.Cut(strings.TrimPrefix(Version, "v"), ".")
+	minor, _, _ = strings.Cut(minor, ".")
+	var b strings.Builder
+	for _, pkg := range []string{"k8s.io/component-base/version", "k8s.io/client-go/pkg/version"} {
+		fmt.Fprintf(&b, "-X %[1]s.gitVersion=%[2]s -X %[1]s.gitMajor=%[3]s -X %[1]s.gitMinor=%[4]s -X %[1]s.gitTreeState=clean ", pkg, Version, major, minor)
+	}
+	return strings.TrimSpace(b.String())
+}()
 
 // moduleDir is the nested module that pins the API server, beside this
 // file.
@@ -35,7 +49,7 @@ func moduleDir() (string, error) {
 // Binary returns the path of the kube-apiserver binary, building it first
 // when this machine has none for the pinned module. The binary lives
 // outside the repository, in the user cache directory
-// (meridian/kube-apiserver-<Version>-<hash of go.mod and go.sum>), so a
+// (meridian/kube-apiserver-<Version>-<hash of go.mod, go.sum and the ldflags>), so a
 // clone or a `git clean` keeps it and a change of the pins builds anew.
 // Test packages that ask at once build it once: the build holds a lock
 // file, and writes a temporary name that it renames when complete.
@@ -45,6 +59,7 @@ func Binary(ctx context.Context) (string, error) {
 		return "", err
 	}
 	h := sha256.New()
+	h.Write([]byte(ldflags))
 	for _, f := range []string{"go.mod", "go.sum"} {
 		b, err := os.ReadFile(filepath.Join(mod, f))
 		if err != nil {
@@ -77,7 +92,7 @@ func Binary(ctx context.Context) (string, error) {
 	}
 	tmp := fmt.Sprintf("%s.%d.tmp", bin, os.Getpid())
 	defer os.Remove(tmp)
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", tmp, "k8s.io/kubernetes/cmd/kube-apiserver")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", tmp, "-ldflags", ldflags, "k8s.io/kubernetes/cmd/kube-apiserver")
 	cmd.Dir = mod
 	// The test's own build settings (-race, a GOFLAGS of the caller) are
 	// not the server's.

@@ -17,6 +17,9 @@ func TestKubeAPIServer(t *testing.T) {
 	ctx := context.Background()
 	s.Namespace("ns")
 	admin, reader := s.Client(Admin), s.Client("reader")
+	if v, err := admin.Discovery().ServerVersion(); err != nil || v.GitVersion != Version {
+		t.Fatalf("server version %v (%v), want %s: clients that check it (Helm) need the release's", v, err, Version)
+	}
 
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"},
