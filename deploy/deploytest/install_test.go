@@ -66,7 +66,7 @@ func TestChartInstallsOnAPIServer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := "meridian-" + tc.name
 			s.Namespace(ns)
-			manifest, err := helminstall.Install(t, s, chartDir, ns, "meridian", tc.vals)
+			manifest, err := helminstall.Install(s.Kubeconfig(kubetest.Admin, ns), chartDir, ns, "meridian", tc.vals)
 			if err != nil {
 				t.Fatal(err)
 			}

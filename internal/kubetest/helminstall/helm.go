@@ -1,6 +1,8 @@
-// Package helminstall installs a Helm chart into a kubetest API server
-// with the Helm SDK, as `helm install` does. It is its own package so that
-// only the tests that install charts link Helm's install machinery.
+// Package helminstall installs a Helm chart with the Helm SDK, as `helm
+// install` does, and generates the upstream CustomResourceDefinitions a
+// chart's objects need, for tests against internal/kubetest's API server.
+// It is apart from kubetest so that only the tests that install charts
+// link Helm's install machinery and controller-tools.
 package helminstall
 
 import (
@@ -8,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"testing"
 	"time"
 
 	"helm.sh/helm/v4/pkg/action"
@@ -16,22 +17,20 @@ import (
 	"helm.sh/helm/v4/pkg/kube"
 	releasev1 "helm.sh/helm/v4/pkg/release/v1"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
-
-	"github.com/meridian-router/meridian/internal/kubetest"
 )
 
 // Timeout bounds one Helm install on a loaded machine.
 const Timeout = 3 * time.Minute
 
 // Install installs the chart in directory chartDir into namespace as
-// release with vals, as `helm install --namespace namespace` does it:
+// release with vals, through kubeconfig, as `helm install --namespace
+// namespace` does it:
 // the chart's crds/ first, then every object by server-side apply, which
-// the API server validates strictly. It acts as kubetest.Admin and does not wait
+// the API server validates strictly. It does not wait
 // for workloads to become ready (nothing here runs pods). It returns the
 // release's rendered manifest.
-func Install(tb testing.TB, s *kubetest.Server, chartDir, namespace, release string, vals map[string]any) (string, error) {
-	tb.Helper()
-	kc := s.Kubeconfig(kubetest.Admin, namespace)
+func Install(kubeconfig, chartDir, namespace, release string, vals map[string]any) (string, error) {
+	kc := kubeconfig
 	getter := genericclioptions.NewConfigFlags(false)
 	getter.KubeConfig, getter.Namespace = &kc, &namespace
 	cfg := action.NewConfiguration()
