@@ -72,6 +72,10 @@ func (v Verdict) String() string {
 type Result struct {
 	Verdict Verdict
 	Reason  string
+	// StableIdle marks an Inconclusive verdict whose only lack is stable
+	// traffic: the canary had MinRequests and broke no limit. At a 100%
+	// step stable serves nothing by design (Evaluate).
+	StableIdle bool
 }
 
 // Analyze compares the canary with stable against lim (nil means every
@@ -119,7 +123,7 @@ func Analyze(canary, stable Stats, lim *config.AnalysisLimit) (Result, error) {
 	switch {
 	case !enough:
 		return Result{Verdict: Inconclusive, Reason: fmt.Sprintf("too few requests: canary %d, stable %d, need %d each",
-			canary.Requests, stable.Requests, l.MinRequests)}, nil
+			canary.Requests, stable.Requests, l.MinRequests), StableIdle: canary.Requests >= l.MinRequests}, nil
 	case canary.TTFTP99 == 0 || stable.TTFTP99 == 0:
 		return Result{Verdict: Inconclusive, Reason: fmt.Sprintf("no TTFT samples (canary P99 %s, stable P99 %s)",
 			canary.TTFTP99, stable.TTFTP99)}, nil

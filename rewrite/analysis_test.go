@@ -33,6 +33,7 @@ func TestAnalyze(t *testing.T) {
 		{"stable too small to compare", Stats{Requests: 5, Errors: 5}, Stats{Requests: 3}, nil, Inconclusive, []string{"too few"}},
 		{"custom min", Stats{Requests: 50, TTFTP99: 400 * ms}, stable, &config.AnalysisLimit{MinRequests: 100}, Inconclusive, []string{"need 100"}},
 		{"no TTFT samples", Stats{Requests: 100}, stable, nil, Inconclusive, []string{"no TTFT samples"}},
+		{"stable idle (a 100% step)", Stats{Requests: 40, TTFTP99: 400 * ms}, Stats{}, nil, Inconclusive, []string{"canary 40, stable 0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := tc.stable
@@ -42,6 +43,11 @@ func TestAnalyze(t *testing.T) {
 			}
 			if got.Verdict != tc.want {
 				t.Fatalf("verdict %s (%s); want %s", got.Verdict, got.Reason, tc.want)
+			}
+			// Only a canary with enough requests and an idle stable side
+			// is StableIdle (Evaluate completes a 100% step on it).
+			if idle := got.Verdict == Inconclusive && tc.canary.Requests >= 20 && st.Requests < 20; got.StableIdle != idle {
+				t.Errorf("StableIdle %v, want %v", got.StableIdle, idle)
 			}
 			for _, r := range tc.reasons {
 				if !strings.Contains(got.Reason, r) {

@@ -100,8 +100,11 @@ type Decision struct {
 // A failing analysis aborts at once, mid-step and while paused included,
 // so a bad canary serves for at most one analysis period. A passing one advances only when
 // the step's interval has elapsed. An inconclusive one at the end of the
-// interval pauses the rollout rather than promoting on too little evidence.
-// Rollouts without steps are never advanced, only aborted on failure.
+// interval pauses the rollout rather than promoting on too little evidence,
+// except at a last step of 100%: stable then serves nothing to compare
+// with, so the step completes on the canary's own requests (MinRequests of
+// them, none breaking a limit while stable still had traffic in the
+// analysis window). Rollouts without steps are never advanced, only aborted on failure.
 func Evaluate(r config.Rollout, a Result, now time.Time) (Decision, error) {
 	pct, _, err := CanaryWeight(r)
 	if err != nil {
@@ -146,6 +149,12 @@ func Evaluate(r config.Rollout, a Result, now time.Time) (Decision, error) {
 	next.Status = StatusProgressing
 	switch a.Verdict {
 	case Inconclusive:
+		if a.StableIdle && pct == 100 && r.Step == len(r.Steps)-1 {
+			next.Status, next.Reason = StatusHealthy, "last step at 100% held for its interval: "+a.Reason
+			d.Action, d.Rollout, d.NextCheck = Complete, next, time.Time{}
+			d.Reason = "last step (100%) held with no failure; stable serves nothing to compare with"
+			return d, nil
+		}
 		next.Status, next.Reason = StatusPaused, a.Reason
 		d.Action, d.Rollout, d.NextCheck = Pause, next, time.Time{}
 		d.Reason = fmt.Sprintf("step %d of %d inconclusive: %s", r.Step+1, len(r.Steps), a.Reason)

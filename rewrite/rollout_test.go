@@ -14,6 +14,7 @@ func TestEvaluate(t *testing.T) {
 	pass := Result{Verdict: Pass, Reason: "within limits"}
 	fail := Result{Verdict: Fail, Reason: "error rate 10.0%"}
 	unsure := Result{Verdict: Inconclusive, Reason: "too few requests"}
+	idle := Result{Verdict: Inconclusive, Reason: "too few requests: canary 40, stable 0", StableIdle: true}
 	for _, tc := range []struct {
 		name       string
 		ro         *config.Rollout
@@ -38,6 +39,12 @@ func TestEvaluate(t *testing.T) {
 			Pause, StatusPaused, 1, 25, time.Time{}, "step 2 of 4 inconclusive"},
 		{"last step completes", rollout(StatusProgressing, 3, 5, 25, 50, 100), pass, start.Add(10 * time.Minute),
 			Complete, StatusHealthy, 3, 100, time.Time{}, "last step (100%) passed"},
+		{"last step of 100% completes on the canary alone", rollout(StatusProgressing, 3, 5, 25, 50, 100), idle, start.Add(10 * time.Minute),
+			Complete, StatusHealthy, 3, 100, time.Time{}, "stable serves nothing to compare with"},
+		{"last step of 100% without canary evidence pauses", rollout(StatusProgressing, 3, 5, 25, 50, 100), unsure, start.Add(10 * time.Minute),
+			Pause, StatusPaused, 3, 100, time.Time{}, "inconclusive"},
+		{"a last step below 100% still needs stable", rollout(StatusProgressing, 2, 5, 25, 50), idle, start.Add(10 * time.Minute),
+			Pause, StatusPaused, 2, 50, time.Time{}, "inconclusive"},
 		{"paused stays", rollout(StatusPaused, 2, 5, 25, 50, 100), pass, start.Add(time.Hour),
 			Hold, StatusPaused, 2, 50, time.Time{}, "rollout is Paused"},
 		{"paused still aborts on failure", rollout(StatusPaused, 2, 5, 25, 50, 100), fail, start.Add(time.Hour),

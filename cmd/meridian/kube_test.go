@@ -107,7 +107,12 @@ func TestKubernetesConfigCommands(t *testing.T) {
 // token's) and tiny (two requests an hour).
 func kubePlatform(t *testing.T, kc string) *platform.Platform {
 	t.Helper()
-	t.Setenv("TMPDIR", t.TempDir())
+	return kubePlatformFrom(t, kubePlatformDir(t), kc)
+}
+
+// kubePlatformDir writes kubePlatform's configuration into a directory.
+func kubePlatformDir(t *testing.T) string {
+	t.Helper()
 	port := map[string]string{}
 	for _, n := range []string{"t2-us", "t1-us", "h-us", "t2-eu", "t1-eu", "h-eu", "us-chat-0", "us-fast-0", "us-fast-1", "eu-next-0"} {
 		port[n] = platformtest.FreePort(t)
@@ -150,6 +155,14 @@ spec:
 	if err := os.WriteFile(filepath.Join(dir, "platform.yaml"), []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// kubePlatformFrom runs the platform of dir (kubePlatformDir) on the
+// objects of kubeNS through kc, writing them first if there are none.
+func kubePlatformFrom(t *testing.T, dir, kc string) *platform.Platform {
+	t.Helper()
+	t.Setenv("TMPDIR", t.TempDir())
 	p, err := platformtest.Run(t, platform.Config{Dir: dir, Kubernetes: true, Kubeconfig: kc, Namespace: kubeNS,
 		TimeScale: 50, CrossRegionDelay: 5 * time.Millisecond, Tenant: "team-a"})
 	if err != nil {

@@ -271,7 +271,19 @@ func (s *Server) Kubeconfig(user, namespace string) string {
 	return s.kubeconfigAt(s.URL(), user, namespace)
 }
 
+// KubeconfigToken writes a kubeconfig file that authenticates with token
+// (a ServiceAccount's, from the TokenRequest API) and whose context's
+// namespace is namespace, and returns its path.
+func (s *Server) KubeconfigToken(token, namespace string) string {
+	s.t.Helper()
+	return s.writeKubeconfig(s.URL(), "token", token, namespace)
+}
+
 func (s *Server) kubeconfigAt(server, user, namespace string) string {
+	return s.writeKubeconfig(server, user, s.tokens[user], namespace)
+}
+
+func (s *Server) writeKubeconfig(server, user, token, namespace string) string {
 	path := filepath.Join(s.t.TempDir(), "kubeconfig")
 	ca := filepath.Join(s.dir, "ca.crt")
 	body := fmt.Sprintf(`apiVersion: v1
@@ -286,7 +298,7 @@ contexts:
 - name: test
   context: {cluster: test, user: %[3]s, namespace: %[5]q}
 current-context: test
-`, server, ca, user, s.tokens[user], namespace)
+`, server, ca, user, token, namespace)
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		s.t.Fatal(err)
 	}
