@@ -6,11 +6,21 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 )
 
-// ReaderRules are what a Source needs in its namespace (a Role): get,
-// list and watch on every resource it reads, and create on events to
+// ReaderRules are what a Source needs in its namespace (a Role): list
+// and watch on every resource it reads, and create and patch on events to
 // report refusals.
 func ReaderRules() []rbacv1.PolicyRule {
-	return rules([]string{"get", "list", "watch"})
+	return rules([]string{"list", "watch"})
+}
+
+// RunnerRules are what Tier-1 and Tier-2 need on the Kubernetes source
+// (the Helm chart's Role): ReaderRules, and for Tier-2's canary analysis
+// update on InferenceModelRewrites (a rollout's steps) and get, create and
+// update on ConfigMaps (the guard that makes concurrent writers conflict).
+func RunnerRules() []rbacv1.PolicyRule {
+	return append(ReaderRules(),
+		rbacv1.PolicyRule{APIGroups: []string{"inference.networking.x-k8s.io"}, Resources: []string{"inferencemodelrewrites"}, Verbs: []string{"update"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "create", "update"}})
 }
 
 // WriterRules are what `meridian config apply` and `meridian canary` need

@@ -841,10 +841,11 @@ func btoi(b bool) int {
 	return 0
 }
 
-// With config.source=kubernetes the chart's service account may do what
-// the Kubernetes configuration source reads (kube.ReaderRules), and what
-// Tier-2's canary analysis writes: InferenceModelRewrites and the guard
-// ConfigMap.
+// With config.source=kubernetes the chart's service account may do
+// exactly what Tier-1 and Tier-2 need on the Kubernetes source
+// (kube.RunnerRules: what the source reads, and what Tier-2's canary
+// analysis writes), nothing more. TestChartServiceAccountRBAC
+// (cmd/meridian) runs them on these rights alone.
 func TestChartKubernetesSourceRBAC(t *testing.T) {
 	out, err := render(loadChart(t), map[string]any{"region": "us-east-1", "cluster": "us-east-1a", "config": map[string]any{"source": "kubernetes"},
 		"tier2": map[string]any{"tls": map[string]any{"plainHTTP": true}}})
@@ -871,25 +872,31 @@ func TestChartKubernetesSourceRBAC(t *testing.T) {
 	if !bound {
 		t.Error("Role meridian-config is not bound")
 	}
-	allows := func(group, resource, verb string) bool {
-		for _, r := range role.Rules {
-			if slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb) {
-				return true
+	grants := func(rules []rbacv1.PolicyRule) map[string]bool {
+		out := map[string]bool{}
+		for _, r := range rules {
+			if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
+				t.Errorf("rule %+v: resource names and URLs are not expected", r)
 			}
-		}
-		return false
-	}
-	need := kube.ReaderRules()
-	need = append(need,
-		rbacv1.PolicyRule{APIGroups: []string{"inference.networking.x-k8s.io"}, Resources: []string{"inferencemodelrewrites"}, Verbs: []string{"update"}},
-		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create", "update"}})
-	for _, r := range need {
-		for _, res := range r.Resources {
-			for _, v := range r.Verbs {
-				if !allows(r.APIGroups[0], res, v) {
-					t.Errorf("Role meridian-config does not allow %s on %s.%s", v, res, r.APIGroups[0])
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, v := range r.Verbs {
+						out[v+" "+res+"."+g] = true
+					}
 				}
 			}
+		}
+		return out
+	}
+	allowed, need := grants(role.Rules), grants(kube.RunnerRules())
+	for g := range need {
+		if !allowed[g] {
+			t.Errorf("Role meridian-config does not allow %s", g)
+		}
+	}
+	for g := range allowed {
+		if !need[g] {
+			t.Errorf("Role meridian-config allows %s, which Meridian does not need", g)
 		}
 	}
 }
