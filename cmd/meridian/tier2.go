@@ -19,8 +19,10 @@ type tier2Flags struct {
 	tier2     platform.Tier2Config
 }
 
-func newTier2Cmd() *cobra.Command {
-	var f tier2Flags
+func newTier2Cmd() *cobra.Command { return tier2Command(new(tier2Flags)) }
+
+// tier2Command is `meridian tier2` with its flags parsed into f.
+func tier2Command(f *tier2Flags) *cobra.Command {
 	t := &f.tier2
 	cmd := newProxyCmd("tier2", "Run a Region's global router (the authenticated OpenAI front door)",
 		"Tier-2 authenticates callers, resolves canary splits, admits by priority band, enforces\n"+
@@ -28,7 +30,7 @@ func newTier2Cmd() *cobra.Command {
 			"forwards to its Tier-1, failing over before the first response byte.",
 		"  meridian tier2 --config deploy/examples --region us-east-1 --listen :8080 \\\n"+
 			"    --gossip-bind 10.0.0.5:7946 --join tier2.us-east-1:7946,tier2.eu-west-1:7946",
-		&t.Source, &f.gcPercent, func(ctx context.Context, log *slog.Logger) error { return runTier2(ctx, f, log) })
+		&t.Source, &f.gcPercent, func(ctx context.Context, log *slog.Logger) error { return runTier2(ctx, *f, log) })
 	t.Version = versionString()
 	host, _ := os.Hostname()
 	cmd.Flags().StringVar(&t.Region, "region", "", "Region this instance serves (required)")
