@@ -86,6 +86,9 @@ type Config struct {
 	Tracing tracing.Config
 	// AccessLog writes a line per request of every Tier-2 and Tier-1.
 	AccessLog bool
+	// ExtProc also serves each Tier-1's endpoint picker over ext_proc (the
+	// GIE protocol an Envoy-based Gateway speaks), at Platform.ExtProc.
+	ExtProc bool
 }
 
 // Platform is a started local platform: simulated pods, a Tier-1 per
@@ -98,6 +101,9 @@ type Platform struct {
 	Metrics   []MetricsTarget
 	// Tier1 maps each cluster to its Tier-1 proxy's address.
 	Tier1 map[string]string
+	// ExtProc maps each cluster to its Tier-1's ext_proc address
+	// (Config.ExtProc).
+	ExtProc map[string]string
 	// Moved lists the listeners that did not get their configured port.
 	Moved []PortMove
 	run   func(ctx context.Context) error
@@ -374,7 +380,7 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 		return nil, err
 	}
 	p := &Platform{Endpoints: map[string]string{}, stops: map[string]context.CancelFunc{}, fleets: map[string]*regions.Fleet{},
-		Moved: moves, Tier1: map[string]string{}}
+		Moved: moves, Tier1: map[string]string{}, ExtProc: map[string]string{}}
 	type component struct {
 		name string
 		run  func(ctx context.Context) error
@@ -447,7 +453,11 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 			if err != nil {
 				return fail(err)
 			}
-			t1, err := StartTier1(ctx, Tier1Config{Source: src.forComponent(c.Name), Cluster: c.Name, Replica: c.Name + "-0", Listen: u.Host,
+			ext := ""
+			if f.ExtProc {
+				ext = "127.0.0.1:0"
+			}
+			t1, err := StartTier1(ctx, Tier1Config{Source: src.forComponent(c.Name), Cluster: c.Name, Replica: c.Name + "-0", Listen: u.Host, ExtProc: ext,
 				Metrics: "127.0.0.1:0", Health: c.Health, Region: r.Name, ScrapeInterval: 50 * time.Millisecond, MaxMetricsAge: time.Second, ModelsInterval: f.ModelsInterval,
 				PromptSamples: true, IdentityKey: identity, Version: f.Version, Tracing: f.Tracing, AccessLog: f.AccessLog}, log) // a local platform carries your own prompts: show where they diverge
 			if err != nil {
@@ -455,6 +465,9 @@ func Start(ctx context.Context, f Config, log *slog.Logger) (*Platform, error) {
 			}
 			runs = append(runs, component{"tier1/" + c.Name, t1.Run})
 			p.Tier1[c.Name] = t1.Addr()
+			if ext != "" {
+				p.ExtProc[c.Name] = t1.ExtProcAddr()
+			}
 			p.Metrics = append(p.Metrics, MetricsTarget{Addr: t1.MetricsAddr(), Labels: map[string]string{
 				"job": "meridian-tier1", "cluster": c.Name, "region": r.Name}})
 		}

@@ -68,11 +68,16 @@ type Tier1 struct {
 	// without Peers).
 	Exchange *peers.Exchange
 	listeners
-	run func(ctx context.Context) error
+	extAddr string // the ext_proc listener's address, or ""
+	run     func(ctx context.Context) error
 }
 
 // Run serves until ctx ends, then drains.
 func (t *Tier1) Run(ctx context.Context) error { return t.run(ctx) }
+
+// ExtProcAddr is the address of the ext_proc picker (Tier1Config.ExtProc),
+// or "" without one.
+func (t *Tier1) ExtProcAddr() string { return t.extAddr }
 
 // StartTier1 binds every listener of one Tier-1 and reads its
 // configuration; Run serves. An error leaves nothing open.
@@ -187,6 +192,7 @@ func StartTier1(ctx context.Context, f Tier1Config, log *slog.Logger) (*Tier1, e
 			return fail(fmt.Errorf("tier1 ext_proc: listen %s: %w", f.ExtProc, err))
 		}
 		ext = &extproc.Server{Gateway: gw, Registerer: reg, Logger: log}
+		inst.extAddr = extLn.Addr().String()
 	}
 	inst.run = func(ctx context.Context) error {
 		defer src.close()
