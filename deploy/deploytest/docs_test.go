@@ -61,3 +61,52 @@ func TestDocLinksResolve(t *testing.T) {
 		}
 	}
 }
+
+// TestEKSGuideCommands keeps docs/deploy-eks.md's promise: every command
+// in its shell blocks ends with "# test: TestName", naming a test of this
+// repository that runs it (or its equivalent through the same code), or
+// with "# needs AWS".
+func TestEKSGuideCommands(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(repo, "docs/deploy-eks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := map[string]bool{}
+	decl := regexp.MustCompile(`(?m)^func (Test\w+)\(`)
+	err = filepath.WalkDir(repo, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, "_test.go") {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		for _, m := range decl.FindAllStringSubmatch(string(data), -1) {
+			tests[m[1]] = true
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := regexp.MustCompile(`#\s*(?:test:\s*(Test\w+)|needs AWS)\s*$`)
+	inBlock, inShell, n := false, false, 0
+	for i, line := range strings.Split(string(doc), "\n") {
+		if fence, ok := strings.CutPrefix(line, "```"); ok {
+			inBlock = !inBlock
+			inShell = inBlock && (fence == "" || fence == "sh" || fence == "bash")
+			continue
+		}
+		if !inShell || strings.TrimSpace(line) == "" || strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		n++
+		m := marker.FindStringSubmatch(line)
+		switch {
+		case m == nil:
+			t.Errorf("docs/deploy-eks.md:%d: %q ends with neither # test: TestName nor # needs AWS", i+1, line)
+		case m[1] != "" && !tests[m[1]]:
+			t.Errorf("docs/deploy-eks.md:%d: names %s, which is no test of this repository", i+1, m[1])
+		}
+	}
+	if n < 10 {
+		t.Errorf("only %d commands found in docs/deploy-eks.md", n)
+	}
+}
